@@ -1,0 +1,17 @@
+"""One exception type for every user-facing failure.
+
+The CLI prints ``str(error)`` as a single line and exits non-zero, so messages must name
+the problem and the fix in one sentence; anything else is a bug and gets a traceback.
+"""
+
+
+class YatrainError(Exception):
+    """A problem with the user's input (recipe, data, checkpoint, flags), not with yatrain."""
+
+
+class ConfigError(YatrainError):
+    """The recipe or a command-line override is invalid."""
+
+
+class DataError(YatrainError):
+    """The tokenized data set or its inputs are missing, corrupt or incompatible."""
