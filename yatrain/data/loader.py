@@ -1,0 +1,130 @@
+"""Deterministic batches, defined on the global batch so that resuming is layout-independent.
+
+The token stream is cut into windows of ``seq_len + 1`` tokens; window ``j`` starts at token
+``j * seq_len``, so consecutive windows share one boundary token and no token is a target
+twice. Each epoch is a seeded permutation of all windows, consumed ``global_batch_size`` at a
+time (the remainder is dropped for that epoch). Global step ``k`` is therefore one fixed,
+ordered list of windows; ranks take contiguous slices of it and cut their slice into
+micro-batches. Changing the world size or micro-batch size changes who computes what, never
+which sequences make up step ``k`` -- so a run can resume on a different cluster shape.
+"""
+
+import numpy as np
+import torch
+
+from yatrain.data.shards import TokenShards
+from yatrain.errors import DataError
+
+
+class GlobalBatchLoader:
+    """Yields this rank's micro-batches of (inputs, targets) for one optimizer step at a time."""
+
+    def __init__(
+        self,
+        shards: TokenShards,
+        seq_len: int,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
+        for name, value in [
+            ("data.seq_len", seq_len),
+            ("data.global_batch_size", global_batch_size),
+            ("data.micro_batch_size", micro_batch_size),
+            ("world size", world_size),
+        ]:
+            if value < 1:
+                raise DataError(f"{name} must be a positive integer, got {value}")
+        if not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} is outside world size {world_size}")
+        if seed < 0:
+            raise DataError(f"seed must be a non-negative integer, got {seed}")
+        per_step = micro_batch_size * world_size
+        if global_batch_size % per_step:
+            raise DataError(
+                f"data.global_batch_size {global_batch_size} is not a multiple of "
+                f"data.micro_batch_size x world size = {micro_batch_size} x {world_size}: "
+                "change one of them"
+            )
+        self.num_windows = max(0, (shards.num_tokens - 1) // seq_len)
+        if self.num_windows < global_batch_size:
+            raise DataError(
+                f"corpus has {self.num_windows} windows of {seq_len}+1 tokens, fewer than one "
+                f"global batch of {global_batch_size} sequences: add data or lower "
+                "data.global_batch_size / data.seq_len"
+            )
+        self.shards, self.seq_len, self.seed = shards, seq_len, seed
+        self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.batches_per_epoch = self.num_windows // global_batch_size
+        self.step = 0
+        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per rank per optimizer step."""
+        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Target tokens in one global batch, over all ranks."""
+        return self.global_batch_size * self.seq_len
+
+    @property
+    def epoch(self) -> int:
+        """The (0-based) epoch the next batch comes from."""
+        return self.step // self.batches_per_epoch
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:  # one permutation per epoch, computed once
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def global_batch(self, step: int) -> np.ndarray:
+        """Window indices of global step ``step``, in order (the same for every rank)."""
+        epoch, index = divmod(step, self.batches_per_epoch)
+        size = self.global_batch_size
+        return self._permutation(epoch)[index * size : (index + 1) * size]
+
+    def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's ``accumulation_steps`` micro-batches of int64 [micro, seq_len] (x, y)."""
+        per_rank = self.global_batch_size // self.world_size
+        windows = self.global_batch(self.step)[self.rank * per_rank : (self.rank + 1) * per_rank]
+        span = self.seq_len + 1
+        tokens = torch.from_numpy(
+            np.stack([self.shards.read(int(j) * self.seq_len, span) for j in windows])
+        )
+        m = self.micro_batch_size
+        batches = [
+            (tokens[i : i + m, :-1].contiguous(), tokens[i : i + m, 1:].contiguous())
+            for i in range(0, per_rank, m)
+        ]
+        self.step += 1
+        return batches
+
+    def state_dict(self) -> dict:
+        """The position in the global sample order, plus what it is only valid for."""
+        return {
+            "step": self.step,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "global_batch_size": self.global_batch_size,
+            "num_windows": self.num_windows,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state["step"]``; world size and micro-batch size are free to differ."""
+        for key in ("seed", "seq_len", "global_batch_size", "num_windows"):
+            if state.get(key) != getattr(self, key):
+                raise DataError(
+                    f"checkpoint data loader has {key}={state.get(key)}, this run has "
+                    f"{getattr(self, key)}: resume with the same data, seed, data.seq_len and "
+                    "data.global_batch_size"
+                )
+        step = state.get("step")
+        if not isinstance(step, int) or step < 0:
+            raise DataError(f"checkpoint data loader step {step!r} is invalid: use another one")
+        self.step = step
