@@ -1,0 +1,356 @@
+"""The recipe schema: one YAML file fully describes a training run.
+
+A recipe is parsed into plain dataclasses and validated completely before any work starts, so a
+typo or an impossible shape fails in a second with one line naming the key, instead of an hour
+into a job. The schema is the dataclasses below: field names are the YAML keys, field types
+drive the type checks, and ``_limit`` metadata gives the allowed ranges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from yatrain.errors import ConfigError
+
+
+def _limit(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A dataclass field with range bounds that validation enforces (ge: >=, gt: >, lt: <)."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "lt": lt})
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Architecture of a Llama 2/3 decoder."""
+
+    dim: int = _limit(ge=1)
+    n_layers: int = _limit(ge=1)
+    n_heads: int = _limit(ge=1)
+    n_kv_heads: int = _limit(ge=1)  # < n_heads means grouped-query attention
+    ffn_dim: int = _limit(ge=1)
+    vocab_size: int = _limit(ge=1)
+    rope_theta: float = _limit(10000.0, gt=0)
+    norm_eps: float = _limit(1e-5, gt=0)
+    max_seq_len: int = _limit(ge=1)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where the tokenized data lives and how it is batched (batch sizes are in sequences)."""
+
+    path: str  # tokenized data dir; relative paths are relative to the current directory
+    tokenizer: str | None = None  # None = the tokenizer.model inside `path`
+    seq_len: int = _limit(ge=1)
+    micro_batch_size: int = _limit(ge=1)  # sequences per GPU per forward/backward
+    global_batch_size: int = _limit(ge=1)  # sequences per optimizer step, all GPUs together
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches each rank runs per optimizer step (call validate_world_size first)."""
+        return self.global_batch_size // (self.micro_batch_size * world_size)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int = _limit(ge=1)  # total optimizer steps of the run
+    seed: int = _limit(0, ge=0)
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    log_every: int = _limit(1, ge=1)
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay from lr to min_lr."""
+
+    lr: float = _limit(gt=0)
+    min_lr: float = _limit(0.0, ge=0)
+    warmup_steps: int = _limit(0, ge=0)  # may exceed train.steps: the run just stays in warm-up
+    weight_decay: float = _limit(0.1, ge=0)
+    beta1: float = _limit(0.9, ge=0, lt=1)
+    beta2: float = _limit(0.95, ge=0, lt=1)
+    eps: float = _limit(1e-8, gt=0)
+    grad_clip: float = _limit(1.0, ge=0)  # max global grad norm; 0 = off
+
+
+@dataclass(kw_only=True)
+class ShardingConfig:
+    # Checkpoint the FIRST N decoder layers. A later version also accepts "auto"; the type and
+    # the check in _check_shapes are the two places to extend.
+    activation_checkpoint_layers: int = _limit(0, ge=0)
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"  # dtype of the gradient reduce-scatter
+    prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: str = "checkpoints"  # relative to the run dir
+    every: int = _limit(0, ge=0)  # save every N steps; 0 = only at the end
+    keep: int = _limit(2, ge=1)  # how many recent checkpoints to keep
+
+
+@dataclass(kw_only=True)
+class WandbConfig:
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    project: str = "yatrain"
+    entity: str | None = None
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass(kw_only=True)
+class Recipe:
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    optim: OptimConfig
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"recipe file '{path}' not found; pass the path of a YAML recipe "
+            "such as recipes/tiny.yaml"
+        )
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax there") from e
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{path}: the recipe must be a YAML mapping of sections "
+            f"(model:, data:, ...), got a {type(raw).__name__}"
+        )
+    for item in overrides:
+        _apply_override(raw, item)
+    try:
+        return recipe_from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _apply_override(d: dict, item: str) -> None:
+    """Set ``a.b.c=value`` in the nested dict d; value is parsed as YAML (so 2 is an int)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(
+            f"malformed override '{item}'; write --set dotted.key=value, "
+            "e.g. --set model.n_layers=2"
+        )
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"override '{item}': value '{text}' is not valid YAML; quote it or fix it"
+        ) from e
+    *parents, leaf = key.split(".")
+    node = d
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            dotted = ".".join(parents[: i + 1])
+            raise ConfigError(
+                f"override '{item}': '{dotted}' is a value, not a section; "
+                f"set '{dotted}=...' instead"
+            )
+        node = child
+    node[leaf] = value
+
+
+def recipe_from_dict(d: dict) -> Recipe:
+    """Build a validated Recipe from plain nested dicts (as parsed from YAML)."""
+    recipe = _build(Recipe, d, prefix="")
+    _check_shapes(recipe)
+    return recipe
+
+
+def recipe_to_dict(r: Recipe) -> dict:
+    """Plain nested dicts of a Recipe; recipe_from_dict(recipe_to_dict(r)) == r."""
+    return dataclasses.asdict(r)
+
+
+def _build(cls: type, d: Any, prefix: str) -> Any:
+    """Instantiate dataclass cls from mapping d, checking keys, types and ranges."""
+    where = prefix.rstrip(".") or "the recipe"
+    if d is None:  # an empty section ("logging:" with everything commented out)
+        d = {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"'{where}' must be a mapping of keys, got {_show(d)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in d:
+        if key not in fields:
+            name = f"{prefix}{key}"
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = (
+                f"did you mean '{prefix}{close[0]}'?"
+                if close
+                else f"valid keys in '{where}' are: {', '.join(fields)}"
+            )
+            raise ConfigError(f"unknown key '{name}'; {hint}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}{name}"
+        if name not in d:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if required:
+                raise ConfigError(
+                    f"missing required key '{key}'; add it to the recipe "
+                    "(see recipes/llama3_8b.yaml for a complete example)"
+                )
+            continue
+        value = _coerce(key, d[name], hints[name])
+        _check_range(key, value, f.metadata)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _show(v: Any) -> str:
+    return "null" if v is None else f"{v!r} ({type(v).__name__})"
+
+
+def _coerce(key: str, v: Any, tp: Any) -> Any:
+    """Check v against the annotation tp, converting only int->float and numeric str->float."""
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, v, prefix=f"{key}.")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        if v not in args or isinstance(v, bool):
+            choices = ", ".join(repr(a) for a in args)
+            note = " (YAML reads on/off/yes/no as booleans)" if isinstance(v, bool) else ""
+            raise ConfigError(
+                f"'{key}' has invalid value {_show(v)}{note}; choose one of {choices}"
+            )
+        return v
+    if args and type(None) in args:  # Optional[X]: None, or an X
+        inner = [a for a in args if a is not type(None)]
+        return None if v is None else _coerce(key, v, inner[0])
+    if tp is int:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        example = f" such as {int(v)}" if isinstance(v, float) and math.isfinite(v) else ""
+        raise ConfigError(
+            f"'{key}' must be a whole number, got {_show(v)}; write an integer{example}"
+        )
+    if tp is float:
+        try:  # YAML reads 3e-4 (no dot) as a string: accept numeric strings
+            x = float(v) if not isinstance(v, bool) else math.nan
+        except (TypeError, ValueError):
+            x = math.nan
+        if not math.isfinite(x):
+            raise ConfigError(f"'{key}' must be a finite number, got {_show(v)}; write e.g. 3.0e-4")
+        return x
+    if tp is str:
+        if not isinstance(v, str):
+            raise ConfigError(
+                f"'{key}' must be a string, got {_show(v)}; quote it, "
+                f'e.g. {key.rsplit(".", 1)[-1]}: "{v}"'
+            )
+        return v
+    raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in the schema
+
+
+def _check_range(key: str, v: Any, meta: Any) -> None:
+    if v is None:
+        return
+    ge, gt, lt = meta.get("ge"), meta.get("gt"), meta.get("lt")
+    if ge is not None and v < ge:
+        bound = {0: "non-negative", 1: "positive"}.get(ge, f"at least {ge}")
+        raise ConfigError(f"'{key}' must be {bound}, got {v}; set it to {ge} or more")
+    if gt is not None and v <= gt:
+        bound = "positive" if gt == 0 else f"greater than {gt}"
+        raise ConfigError(f"'{key}' must be {bound}, got {v}; use a value above {gt}")
+    if lt is not None and v >= lt:
+        raise ConfigError(f"'{key}' must be less than {lt}, got {v}; use a value below {lt}")
+
+
+def _check_shapes(r: Recipe) -> None:
+    """Cross-field checks: shapes the model or the batching cannot satisfy (first one wins)."""
+    m, data, optim = r.model, r.data, r.optim
+    divisors = ", ".join(str(k) for k in range(1, m.n_heads + 1) if m.n_heads % k == 0)
+    micro, gbs = data.micro_batch_size, data.global_batch_size
+    # When "auto" is allowed (a later issue), skip the depth check below for it.
+    n_ckpt = r.sharding.activation_checkpoint_layers
+    checks = [
+        (m.dim % m.n_heads, f"'model.dim' ({m.dim}) is not divisible by 'model.n_heads' "
+         f"({m.n_heads}); choose n_heads that divides dim"),
+        (m.n_heads % m.n_kv_heads, f"'model.n_heads' ({m.n_heads}) is not divisible by "
+         f"'model.n_kv_heads' ({m.n_kv_heads}); set n_kv_heads to one of {divisors}"),
+        (m.head_dim % 2, f"head dim 'model.dim'/'model.n_heads' = {m.head_dim} is odd; "
+         "rotary embeddings need an even head dim, change dim or n_heads"),
+        (data.seq_len > m.max_seq_len, f"'data.seq_len' ({data.seq_len}) exceeds "
+         f"'model.max_seq_len' ({m.max_seq_len}); lower one or raise the other"),
+        (gbs % micro, f"'data.global_batch_size' ({gbs}) is not a multiple of "
+         f"'data.micro_batch_size' ({micro}); use e.g. {-(-gbs // micro) * micro}"),
+        (n_ckpt > m.n_layers, f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
+         f"'model.n_layers' ({m.n_layers}); use 0..{m.n_layers}"),
+        (optim.min_lr > optim.lr, f"'optim.min_lr' ({optim.min_lr}) is greater than "
+         f"'optim.lr' ({optim.lr}); the schedule decays from lr down to min_lr, lower it"),
+    ]  # fmt: skip
+    for failed, message in checks:
+        if failed:
+            raise ConfigError(message)
+
+
+def validate_world_size(recipe: Recipe, world_size: int) -> None:
+    """Check the global batch splits evenly into micro-batches across world_size ranks."""
+    data = recipe.data
+    per_step = data.micro_batch_size * world_size
+    if data.global_batch_size % per_step == 0:
+        return
+    lower = data.global_batch_size // per_step * per_step
+    valid = [lower, lower + per_step] if lower else [per_step, 2 * per_step]
+    raise ConfigError(
+        f"'data.global_batch_size' ({data.global_batch_size}) is not divisible by "
+        f"data.micro_batch_size ({data.micro_batch_size}) x world size ({world_size}) = "
+        f"{per_step}; set it to a multiple of {per_step} such as "
+        f"{' or '.join(map(str, valid))}, or change data.micro_batch_size"
+    )
+
+
+def check_vocab(recipe: Recipe, tokenizer_vocab_size: int) -> None:
+    """The embedding table must have a row for every token id the tokenizer can produce."""
+    if recipe.model.vocab_size < tokenizer_vocab_size:
+        raise ConfigError(
+            f"'model.vocab_size' ({recipe.model.vocab_size}) is smaller than the tokenizer's "
+            f"vocabulary ({tokenizer_vocab_size}); set model.vocab_size to at least "
+            f"{tokenizer_vocab_size}"
+        )

@@ -1,0 +1,244 @@
+"""Llama 2/3 decoder in plain PyTorch (Meta's reference layout and parameter names).
+
+The model holds parameters only, no buffers: it is built on the meta device, materialised unit
+by unit, and its parameters are then owned by a sharding engine. That engine knows nothing about
+Llama; it sees ``units()`` (embedding, each decoder layer, output head) and ``norm_modules()``.
+Parameter names match Meta's checkpoints (tok_embeddings, layers.N.attention.wq, ...) so export
+is a rename-free state_dict.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from yatrain.config import ModelConfig
+
+INIT_STD = 0.02
+SEED_STRIDE = 1_000_003  # unit i of a run with seed s draws from generator seed s*STRIDE + i
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 so bf16 activations don't lose precision."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_cos_sin(
+    head_dim: int, seq_len: int, theta: float, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, [seq_len, head_dim // 2], float32 like Meta's code."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(t, inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, D] as complex numbers by the angles.
+
+    Real arithmetic equivalent of Meta's view_as_complex(x) * polar(1, angles); done in float32.
+    """
+    xf = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D/2] broadcasts over batch and heads
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped-query K/V heads and rotary positions."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x), with w1 the gate and w3 the up projection."""
+
+    def __init__(self, dim: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, ffn_dim, bias=False)
+        self.w2 = nn.Linear(ffn_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, ffn_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then h + ffn(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """Token embedding, n_layers decoder layers, final RMSNorm, untied output head."""
+
+    def __init__(self, cfg: ModelConfig, activation_checkpoint_layers: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.activation_checkpoint_layers = activation_checkpoint_layers  # first N layers
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        # (seq_len, device) -> (cos, sin). A plain dict, not buffers: buffers would be moved,
+        # sharded or saved by whoever manages the parameters, and they are cheap to recompute.
+        self.rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, str(device))
+        if key not in self.rope_cache:
+            cfg = self.cfg
+            self.rope_cache[key] = rope_cos_sin(cfg.head_dim, seq_len, cfg.rope_theta, device)
+        return self.rope_cache[key]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] (int64) -> logits [B, T, vocab_size] in the compute dtype."""
+        seq_len = tokens.shape[1]
+        if seq_len > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_seq_len {self.cfg.max_seq_len}"
+            )
+        x = self.tok_embeddings(tokens)
+        cos, sin = self.rope(seq_len, tokens.device)
+        for i, layer in enumerate(self.layers):
+            if i < self.activation_checkpoint_layers and torch.is_grad_enabled():
+                # Keep only the layer input; recompute its activations during backward.
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
+        return self.output(self.norm(x))
+
+    # ------------------------------------------------------------------ sharding interface
+
+    def units(self) -> list[nn.Module]:
+        """The modules a sharding engine gathers one at a time, in forward order."""
+        return [self.tok_embeddings, *self.layers, self.output]
+
+    def norm_modules(self) -> list[nn.Module]:
+        """Every RMSNorm: per layer attention_norm then ffn_norm, then the final norm."""
+        norms: list[nn.Module] = []
+        for layer in self.layers:
+            norms += [layer.attention_norm, layer.ffn_norm]
+        return [*norms, self.norm]
+
+    # ------------------------------------------------------------------ initialisation
+
+    @torch.no_grad()
+    def init_unit_(self, index: int, seed: int) -> None:
+        """Initialise unit ``index`` (not its norm weights) in place, reproducibly.
+
+        Each unit draws from its own generator seeded with ``seed * 1_000_003 + index`` on the
+        device of its parameters, in named_parameters order, so the weights depend only on
+        (seed, index, device) -- not on world size or on whether other units exist yet. Init in
+        fp32: the same seed gives different values in another dtype.
+        """
+        unit = self.units()[index]
+        params = [(n, p) for n, p in unit.named_parameters() if not _is_norm(unit, n)]
+        gen = torch.Generator(device=params[0][1].device)
+        gen.manual_seed(seed * SEED_STRIDE + index)
+        residual_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in params:
+            if unit is self.output:
+                std = self.cfg.dim**-0.5
+            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                std = residual_std  # scaled so the residual stream doesn't grow with depth
+            else:
+                std = INIT_STD
+            p.normal_(mean=0.0, std=std, generator=gen)
+
+    @torch.no_grad()
+    def init_norms_(self) -> None:
+        """Set every RMSNorm weight to 1."""
+        for norm in self.norm_modules():
+            norm.weight.fill_(1.0)
+
+    def init_weights_(self, seed: int) -> None:
+        """Initialise all units and norms; equal to doing each unit separately."""
+        for i in range(len(self.units())):
+            self.init_unit_(i, seed)
+        self.init_norms_()
+
+
+def _is_norm(unit: nn.Module, param_name: str) -> bool:
+    owner = unit.get_submodule(param_name.rpartition(".")[0])
+    return isinstance(owner, RMSNorm)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def build_model(cfg: ModelConfig, activation_checkpoint_layers: int = 0) -> Llama:
+    """The model on the meta device: shapes only, no memory, no init cost (even for 70B)."""
+    with torch.device("meta"):
+        return Llama(cfg, activation_checkpoint_layers)
+
+
+def materialize(model: Llama, device: torch.device | str, seed: int) -> Llama:
+    """Allocate a meta model's parameters on device and initialise them from seed."""
+    model.to_empty(device=device)
+    model.init_weights_(seed)
+    return model
+
+
+def count_parameters(cfg: ModelConfig, include_embedding: bool = True) -> int:
+    """Parameter count from the config alone; include_embedding=False drops only the input
+    embedding table (a lookup, no FLOPs) and keeps the output head (a real matmul)."""
+    d, hd = cfg.dim, cfg.head_dim
+    attention = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2  # wq, wo + wk, wv
+    ffn = 3 * d * cfg.ffn_dim
+    layer = attention + ffn + 2 * d  # + attention_norm, ffn_norm
+    embedding = cfg.vocab_size * d
+    total = embedding + cfg.n_layers * layer + d + cfg.vocab_size * d  # + norm + output
+    return total if include_embedding else total - embedding
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward), the numerator of MFU.
+
+    6 * N for the weight matmuls, N = all parameters except the input embedding table (the output
+    head is counted; norm weights are too, a rounding error), plus 12 * n_layers * n_heads *
+    head_dim * seq_len for the attention scores and weighted sum, WITHOUT halving for the causal
+    mask (that is work the kernels skip, so MFU reads slightly high, as in PaLM/torchtitan).
+    Recompute from activation checkpointing is not counted: MFU measures useful work only.
+    """
+    n = count_parameters(cfg, include_embedding=False)
+    return 6.0 * n + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
