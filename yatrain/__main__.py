@@ -1,0 +1,3 @@
+from yatrain.cli import main
+
+main()

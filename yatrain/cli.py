@@ -1,0 +1,113 @@
+"""The ``yatrain`` command line: thin wrappers that turn flags into library calls.
+
+User errors (``YatrainError``) become one line on stderr and exit code 2; ``--debug``
+shows the traceback instead. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from yatrain.errors import ConfigError, YatrainError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Pretrain Llama-class models with a YaFSDP-style sharded data-parallel engine.",
+)
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
+) -> None:
+    """yatrain: prepare data, then pretrain a recipe on one process or under torchrun."""
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  yatrain pretrain recipes/tiny.yaml\n\n"
+        "  yatrain pretrain recipes/tiny.yaml --set model.n_layers=2 --steps 20\n\n"
+        "  torchrun --nproc-per-node 8 -m yatrain pretrain recipes/llama3_8b.yaml"
+    )
+)
+def pretrain(
+    recipe: Path = typer.Argument(..., help="Recipe YAML, e.g. recipes/tiny.yaml."),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a recipe key: --set model.n_layers=2 (value parsed as YAML)."
+    ),
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir", help="Where config.yaml and metrics.jsonl go (default: runs/NAME-TIME)."
+    ),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Override train.steps."),
+    resume: str = typer.Option(
+        "never", "--resume", help="auto|never|PATH (only 'never' is available in this version)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Pretrain a recipe from scratch and log throughput, MFU and memory."""
+    from yatrain.config import load_recipe
+    from yatrain.train.loop import pretrain as run_pretrain
+
+    if resume != "never":
+        raise ConfigError(
+            f"--resume {resume}: resuming is not available in this version; use --resume never"
+        )
+    loaded = load_recipe(recipe, overrides)
+    run_pretrain(loaded, recipe_name=recipe.stem, run_dir=run_dir, steps=steps, progress=progress)
+
+
+@app.command(
+    "prepare-data",
+    epilog=(
+        "Examples:\n\n"
+        "  yatrain prepare-data --output data/stdlib --vocab-size 4096\n\n"
+        "  yatrain prepare-data --output data/mine --input corpus.jsonl --input books/ "
+        "--tokenizer llama2/tokenizer.model"
+    ),
+)
+def prepare_data(
+    output: Path = typer.Option(..., "--output", help="New directory for the tokenized data."),
+    inputs: list[Path] = typer.Option(
+        [], "--input", help="Text/JSONL file or directory (repeatable) (default: the stdlib corpus)."
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="Existing sentencepiece model to encode with."
+    ),
+    vocab_size: int | None = typer.Option(
+        None, "--vocab-size", min=2, help="Train a new BPE tokenizer of this size instead."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Tokenize documents into checksummed shards (the default corpus needs no download)."""
+    from yatrain.data import prepare_data as run_prepare
+
+    manifest = run_prepare(
+        output, inputs or None, tokenizer=tokenizer, vocab_size=vocab_size, progress=progress
+    )
+    typer.echo(
+        f"wrote {output}: {manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} "
+        f"documents, vocab {manifest['vocab_size']}"
+    )
+
+
+def main() -> None:
+    debug = "--debug" in sys.argv
+    try:
+        app(prog_name="yatrain")
+    except YatrainError as error:
+        if debug:
+            raise
+        rank = os.environ.get("RANK")
+        where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
+        print(f"yatrain: error{where}: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("yatrain: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,116 @@
+"""Throughput, MFU and memory: every number here is measured by the code that prints it.
+
+FLOPs per token come from the model (``flops_per_token``: 6 x non-embedding weights plus
+the attention term, no causal halving, recompute not counted). MFU divides achieved FLOP/s
+per device by the device's dense peak: a published figure for known GPUs, a figure
+MEASURED at start-up for CPUs (a square matmul in the training dtype), labelled as such.
+
+Peak memory: on CUDA the caching allocator's ``max_memory_allocated`` since the last log;
+on CPU the process's resident high-water mark (``VmHWM`` in ``/proc/self/status``, reset
+at each log via ``/proc/self/clear_refs``). The CPU figure includes the Python process
+itself (interpreter, libraries), so it overstates tensor memory; it is null where the
+platform offers neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+# Dense peak FLOP/s per device (vendor data sheets, SXM parts, no sparsity).
+PEAK_FLOPS = {
+    "A100": {"bf16": 312e12, "fp32": 19.5e12},
+    "H100": {"bf16": 989e12, "fp32": 67e12},
+    "H200": {"bf16": 989e12, "fp32": 67e12},
+}
+
+
+def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
+    """(peak FLOP/s, where the figure comes from) for MFU."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, table in PEAK_FLOPS.items():
+            if key in name:
+                return table[dtype], f"data sheet ({key} {dtype})"
+        return measure_matmul_flops(device, dtype), f"measured matmul ({name} {dtype})"
+    return measure_matmul_flops(device, dtype), f"measured matmul (cpu {dtype})"
+
+
+def measure_matmul_flops(device: torch.device, dtype: str, size: int = 1024) -> float:
+    """Best of a few square matmuls: the practical peak of this device in this dtype."""
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=torch_dtype)
+    b = torch.randn(size, size, device=device, dtype=torch_dtype)
+    best = float("inf")
+    for _ in range(4):
+        synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PeakMemory:
+    """Peak memory since the last ``read()`` (see module docstring for the method)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.method = "cuda max_memory_allocated" if device.type == "cuda" else "process VmHWM"
+        self.reset()
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        # Where this fails the figure is the high-water mark since process start.
+        with contextlib.suppress(OSError):
+            Path("/proc/self/clear_refs").write_text("5")
+
+    def read(self) -> int | None:
+        if self.device.type == "cuda":
+            value = torch.cuda.max_memory_allocated(self.device)
+        else:
+            value = _vm_hwm_bytes()
+        self.reset()
+        return value
+
+
+def _vm_hwm_bytes() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class MetricsFile:
+    """``metrics.jsonl``: one JSON object per logged step, flushed as it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def format_summary(rows: list[tuple[str, str]]) -> str:
+    """A two-column text table for the end-of-run summary."""
+    width = max(len(k) for k, _ in rows)
+    rule = "-" * (width + 3 + max(len(v) for _, v in rows))
+    return "\n".join([rule, *(f"{k.ljust(width)} | {v}" for k, v in rows), rule])

@@ -1,0 +1,64 @@
+"""Process-level setup: which rank am I, on which device, and a clean shutdown.
+
+One process needs no process group at all. Under ``torchrun`` the environment names the
+rank and world size; NCCL is used on GPUs and gloo on CPUs. The group is always destroyed
+on the way out, also after an error, so no rank hangs at exit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast_object(self, obj):
+        """Rank 0's value everywhere (e.g. a run directory chosen by the clock)."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def shutdown(self) -> None:
+        if self.distributed:
+            dist.destroy_process_group()
+
+
+def init_runtime(timeout_s: float = 600.0) -> Runtime:
+    """Join the torchrun job if there is one; pick cuda:LOCAL_RANK when a GPU is present."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return Runtime(rank, world_size, local_rank, device)
