@@ -39,7 +39,9 @@ def run_ranks(world: int, fn: Callable, *args, timeout: float = 120.0) -> list:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, object] = {}

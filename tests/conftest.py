@@ -1,0 +1,46 @@
+"""Shared fixtures: a small tokenized corpus prepared once per test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/distributed.py
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small-model overrides for the tiny recipe: seconds per run on a 2-core CPU.
+FAST = [
+    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+    "model.ffn_dim=160", "model.vocab_size=512", "model.max_seq_len=64",
+    "data.seq_len=32", "data.micro_batch_size=2", "data.global_batch_size=4",
+    "train.log_every=1", "logging.wandb.mode=disabled",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory) -> Path:
+    """A slice of the built-in stdlib corpus with a 512-token tokenizer."""
+    from yatrain.data import default_corpus_files, prepare_data
+
+    out = tmp_path_factory.mktemp("data") / "stdlib-small"
+    prepare_data(out, default_corpus_files(max_bytes=400_000), vocab_size=512, progress=False)
+    return out
+
+
+@pytest.fixture()
+def isolated_env(tmp_path, monkeypatch) -> dict:
+    """Environment for CLI subprocesses: W&B writes only under tmp_path, never online."""
+    for key in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        path = tmp_path / key.lower()
+        path.mkdir()
+        monkeypatch.setenv(key, str(path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
