@@ -75,7 +75,7 @@ def pretrain(
 def prepare_data(
     output: Path = typer.Option(..., "--output", help="New directory for the tokenized data."),
     inputs: list[Path] = typer.Option(
-        [], "--input", help="Text/JSONL file or directory (repeatable) (default: the stdlib corpus)."
+        [], "--input", help="Text/JSONL file or directory, repeatable (default: the stdlib corpus)."
     ),
     tokenizer: Path | None = typer.Option(
         None, "--tokenizer", help="Existing sentencepiece model to encode with."
