@@ -80,7 +80,7 @@ def test_two_ranks_under_torchrun_match_one_process(small_data, isolated_env, tm
         (["pretrain", "recipes/tiny.yaml", "--set", "model.n_layer=2"], "did you mean"),
         (["pretrain", "recipes/tiny.yaml", "--set", "model.dim=250"], "model.dim"),
         (["pretrain", "recipes/nope.yaml"], "nope.yaml"),
-        (["pretrain", "recipes/tiny.yaml", "--resume", "auto"], "--resume"),
+        (["pretrain", "recipes/tiny.yaml", "--resume", "/nonexistent/step-3"], "step-3"),
         (["pretrain", "recipes/tiny.yaml", "--set", "data.path=/nonexistent"], "prepare-data"),
         (
             ["prepare-data", "--output", "x", "--input", "/nonexistent", "--vocab-size", "300"],

@@ -230,10 +230,18 @@ def test_bad_enum(key, value):
     assert f"'{key}'" in msg and "choose one of" in msg
 
 
-def test_sharding_checkpoint_layers_rejects_strings_for_now():
-    assert "'sharding.activation_checkpoint_layers'" in error(
-        set_key(tiny(), "sharding.activation_checkpoint_layers", "auto")
-    )
+def test_sharding_checkpoint_layers_accepts_auto():
+    recipe = recipe_from_dict(set_key(tiny(), "sharding.activation_checkpoint_layers", "auto"))
+    assert recipe.sharding.activation_checkpoint_layers == "auto"
+    assert recipe_from_dict(recipe_to_dict(recipe)) == recipe
+    limited = recipe_from_dict(set_key(tiny(), "sharding.gpu_memory_gib", 40))
+    assert limited.sharding.gpu_memory_gib == 40.0
+
+
+@pytest.mark.parametrize("value", ["aut", "all", 2.5, True])
+def test_sharding_checkpoint_layers_rejects_other_values(value):
+    msg = error(set_key(tiny(), "sharding.activation_checkpoint_layers", value))
+    assert "'sharding.activation_checkpoint_layers' must be a whole number or 'auto'" in msg
 
 
 @pytest.mark.parametrize(

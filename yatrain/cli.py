@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from yatrain.errors import ConfigError, YatrainError
+from yatrain.errors import Interrupted, YatrainError
 
 app = typer.Typer(
     add_completion=False,
@@ -47,7 +47,10 @@ def pretrain(
     ),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Override train.steps."),
     resume: str = typer.Option(
-        "never", "--resume", help="auto|never|PATH (only 'never' is available in this version)."
+        "auto",
+        "--resume",
+        help="auto: continue from the newest good checkpoint in the run dir, if any; "
+        "never: refuse to reuse a run dir; PATH: that checkpoint directory.",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
@@ -55,12 +58,15 @@ def pretrain(
     from yatrain.config import load_recipe
     from yatrain.train.loop import pretrain as run_pretrain
 
-    if resume != "never":
-        raise ConfigError(
-            f"--resume {resume}: resuming is not available in this version; use --resume never"
-        )
     loaded = load_recipe(recipe, overrides)
-    run_pretrain(loaded, recipe_name=recipe.stem, run_dir=run_dir, steps=steps, progress=progress)
+    run_pretrain(
+        loaded,
+        recipe_name=recipe.stem,
+        run_dir=run_dir,
+        steps=steps,
+        resume=resume,
+        progress=progress,
+    )
 
 
 @app.command(
@@ -101,6 +107,9 @@ def main() -> None:
     debug = "--debug" in sys.argv
     try:
         app(prog_name="yatrain")
+    except Interrupted as stopped:
+        print(f"yatrain: {stopped}", file=sys.stderr)
+        sys.exit(130)
     except YatrainError as error:
         if debug:
             raise

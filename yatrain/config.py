@@ -76,6 +76,8 @@ class TrainConfig:
     seed: int = _limit(0, ge=0)
     dtype: Literal["bf16", "fp32"] = "bf16"
     log_every: int = _limit(1, ge=1)
+    # On a non-finite loss or gradient norm: stop (false) or skip that step's update (true).
+    skip_nonfinite_steps: bool = False
 
 
 @dataclass(kw_only=True)
@@ -94,11 +96,13 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class ShardingConfig:
-    # Checkpoint the FIRST N decoder layers. A later version also accepts "auto"; the type and
-    # the check in _check_shapes are the two places to extend.
-    activation_checkpoint_layers: int = _limit(0, ge=0)
+    # Checkpoint the FIRST N decoder layers; "auto" = the fewest that fit the device memory
+    # (the memory planner decides at start-up and logs its choice).
+    activation_checkpoint_layers: int | Literal["auto"] = _limit(0, ge=0)
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"  # dtype of the gradient reduce-scatter
     prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
+    # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
+    gpu_memory_gib: float | None = _limit(None, gt=0)
 
 
 @dataclass(kw_only=True)
@@ -247,6 +251,9 @@ def _show(v: Any) -> str:
     return "null" if v is None else f"{v!r} ({type(v).__name__})"
 
 
+_TYPE_WORDS = {int: "whole number", float: "number", str: "string"}
+
+
 def _coerce(key: str, v: Any, tp: Any) -> Any:
     """Check v against the annotation tp, converting only int->float and numeric str->float."""
     if dataclasses.is_dataclass(tp):
@@ -260,6 +267,18 @@ def _coerce(key: str, v: Any, tp: Any) -> Any:
                 f"'{key}' has invalid value {_show(v)}{note}; choose one of {choices}"
             )
         return v
+    if args and type(None) not in args and len(args) > 1:  # int | Literal["auto"]: first fit
+        for member in args:
+            try:
+                return _coerce(key, v, member)
+            except ConfigError:
+                pass
+        words = " or ".join(
+            repr(a) if not isinstance(a, type) else f"a {_TYPE_WORDS.get(a, a.__name__)}"
+            for m in args
+            for a in (typing.get_args(m) or (m,))
+        )
+        raise ConfigError(f"'{key}' must be {words}, got {_show(v)}")
     if args and type(None) in args:  # Optional[X]: None, or an X
         inner = [a for a in args if a is not type(None)]
         return None if v is None else _coerce(key, v, inner[0])
@@ -285,11 +304,15 @@ def _coerce(key: str, v: Any, tp: Any) -> Any:
                 f'e.g. {key.rsplit(".", 1)[-1]}: "{v}"'
             )
         return v
+    if tp is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"'{key}' must be true or false, got {_show(v)}")
+        return v
     raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in the schema
 
 
 def _check_range(key: str, v: Any, meta: Any) -> None:
-    if v is None:
+    if v is None or isinstance(v, str):  # ranges bound numbers only ("auto" has none)
         return
     ge, gt, lt = meta.get("ge"), meta.get("gt"), meta.get("lt")
     if ge is not None and v < ge:
@@ -307,8 +330,8 @@ def _check_shapes(r: Recipe) -> None:
     m, data, optim = r.model, r.data, r.optim
     divisors = ", ".join(str(k) for k in range(1, m.n_heads + 1) if m.n_heads % k == 0)
     micro, gbs = data.micro_batch_size, data.global_batch_size
-    # When "auto" is allowed (a later issue), skip the depth check below for it.
     n_ckpt = r.sharding.activation_checkpoint_layers
+    too_deep = n_ckpt != "auto" and n_ckpt > m.n_layers  # "auto" never exceeds the depth
     checks = [
         (m.dim % m.n_heads, f"'model.dim' ({m.dim}) is not divisible by 'model.n_heads' "
          f"({m.n_heads}); choose n_heads that divides dim"),
@@ -320,7 +343,7 @@ def _check_shapes(r: Recipe) -> None:
          f"'model.max_seq_len' ({m.max_seq_len}); lower one or raise the other"),
         (gbs % micro, f"'data.global_batch_size' ({gbs}) is not a multiple of "
          f"'data.micro_batch_size' ({micro}); use e.g. {-(-gbs // micro) * micro}"),
-        (n_ckpt > m.n_layers, f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
+        (too_deep, f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
          f"'model.n_layers' ({m.n_layers}); use 0..{m.n_layers}"),
         (optim.min_lr > optim.lr, f"'optim.min_lr' ({optim.min_lr}) is greater than "
          f"'optim.lr' ({optim.lr}); the schedule decays from lr down to min_lr, lower it"),

@@ -15,3 +15,11 @@ class ConfigError(YatrainError):
 
 class DataError(YatrainError):
     """The tokenized data set or its inputs are missing, corrupt or incompatible."""
+
+
+class TrainingError(YatrainError):
+    """Training cannot continue (a non-finite loss, a lost peer rank)."""
+
+
+class Interrupted(YatrainError):
+    """Stopped on SIGTERM/SIGINT after saving a checkpoint; resumable."""

@@ -414,6 +414,30 @@ class ShardedEngine:
             {"params": [self.small_param], "weight_decay": 0.0},
         ]
 
+    def local_pieces(
+        self, flat: torch.Tensor, small: torch.Tensor
+    ) -> dict[str, tuple[torch.Tensor, int]]:
+        """This rank's real (unpadded) elements of each unit, as views of ``flat``/``small``
+        (tensors laid out like the master shards), with the unit's global length. Shards
+        follow ``torch.chunk`` boundaries, so each view is the local piece of a dim-0
+        sharded tensor: what a reshardable checkpoint needs."""
+        pieces = {}
+        layouts = [*self.layouts, self.small]
+        names = [f"unit.{i}" for i in range(self.n_units)] + ["small"]
+        offsets = [
+            shard.storage_offset() - self.master.storage_offset() for shard in self.unit_master
+        ]
+        views = [
+            flat.narrow(0, off, lay.shard_numel)
+            for off, lay in zip(offsets, self.layouts, strict=True)
+        ]
+        views.append(small)
+        for name, layout, view in zip(names, layouts, views, strict=True):
+            start, _ = layout.shard_range(self.rank)
+            real = max(0, min(layout.shard_numel, layout.numel - start))
+            pieces[name] = (view[:real], layout.numel)
+        return pieces
+
     @property
     def bytes_sent(self) -> int:
         return self.comm.bytes_sent

@@ -2,33 +2,35 @@
 
 Its contact with the model is narrow: build it on the meta device, hand it to the sharding
 engine (which materialises each rank's shard), run forward/backward, step the optimizer.
+Checkpoints capture everything the next step depends on (weights, AdamW state, the global
+data position, RNG), so a resumed run continues bit for bit at the same world size.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
 from yatrain.config import Recipe, check_vocab, recipe_to_dict, validate_world_size
 from yatrain.data import GlobalBatchLoader, Tokenizer, TokenShards
-from yatrain.errors import ConfigError, DataError
+from yatrain.errors import DataError, Interrupted, TrainingError
 from yatrain.models.llama import build_model, flops_per_token
 from yatrain.sharding.engine import ShardedEngine
-from yatrain.train.metrics import (
-    MetricsFile,
-    PeakMemory,
-    format_summary,
-    peak_flops,
-    synchronize,
-)
+from yatrain.train import checkpoint as ckpt
+from yatrain.train.guard import StepGuard
+from yatrain.train.metrics import MetricsFile, PeakMemory, peak_flops, synchronize
 from yatrain.train.optim import build_optimizer, set_lr
+from yatrain.train.report import format_summary, log_line, metrics_record, run_summary, say
+from yatrain.train.resume import check_fresh_start_allowed, run_dir_for, truncate_metrics
 from yatrain.train.runtime import Runtime, init_runtime
 from yatrain.train.schedule import lr_at
 from yatrain.train.wandb_logger import WandbLogger
@@ -42,14 +44,21 @@ def pretrain(
     recipe_name: str = "run",
     run_dir: Path | None = None,
     steps: int | None = None,
+    resume: str = "auto",
     progress: bool = True,
 ) -> dict:
-    """Train from scratch as one process or one torchrun rank; returns the run summary."""
+    """Train as one process or one torchrun rank; returns the run summary."""
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
     runtime = init_runtime()
     try:
-        return _train(recipe, runtime, recipe_name, run_dir, progress)
+        return _train(recipe, runtime, recipe_name, run_dir, resume, progress)
+    except dist.DistBackendError as error:
+        first = str(error).strip().splitlines()[0][:200]
+        raise TrainingError(
+            f"lost contact with another rank ({first}): it failed or was killed; "
+            "its own output above says why"
+        ) from None
     finally:
         runtime.shutdown()
 
@@ -68,37 +77,7 @@ def _open_data(recipe: Recipe) -> TokenShards:
     return shards
 
 
-def _make_run_dir(runtime: Runtime, recipe: Recipe, name: str, run_dir: Path | None) -> Path:
-    if run_dir is None:
-        run_dir = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(runtime.broadcast_object(str(run_dir)))
-    if (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run (metrics.jsonl): pass another "
-            "--run-dir, or delete it"
-        )
-    runtime.barrier()  # every rank checked before rank 0 creates anything
-    if runtime.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        text = yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)
-        (run_dir / "config.yaml").write_text(text)
-    return run_dir
-
-
-def _train(recipe: Recipe, runtime: Runtime, name: str, run_dir: Path | None, progress: bool):
-    cfg, device = recipe, runtime.device
-    validate_world_size(cfg, runtime.world_size)
-    loader = GlobalBatchLoader(
-        _open_data(cfg),
-        seq_len=cfg.data.seq_len,
-        global_batch_size=cfg.data.global_batch_size,
-        micro_batch_size=cfg.data.micro_batch_size,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
-        seed=cfg.train.seed,
-    )
-    run_dir = _make_run_dir(runtime, cfg, name, run_dir)
-
+def _build_engine(cfg: Recipe, device: torch.device):
     model = build_model(cfg.model, cfg.sharding.activation_checkpoint_layers)
     seed = cfg.train.seed
     engine = ShardedEngine(
@@ -112,23 +91,111 @@ def _train(recipe: Recipe, runtime: Runtime, name: str, run_dir: Path | None, pr
         reduce_dtype=DTYPES[cfg.sharding.reduce_dtype],
         prefetch_depth=cfg.sharding.prefetch_depth,
     )
-    optimizer = build_optimizer(engine.param_groups(cfg.optim.weight_decay), cfg.optim)
+    return model, engine
 
-    flops_token = flops_per_token(cfg.model, cfg.data.seq_len)
-    peak, peak_source = peak_flops(device, cfg.train.dtype)
-    memory = PeakMemory(device)
-    metrics_file = wandb = None
-    if runtime.is_main:
-        metrics_file = MetricsFile(run_dir / "metrics.jsonl")
-        wandb = WandbLogger(cfg.logging.wandb, run_dir, recipe_to_dict(cfg), run_dir.name)
-        _say(
-            f"run dir {run_dir} | world size {runtime.world_size} | device {device} | "
-            f"wandb {wandb.mode} | peak FLOP/s {peak / 1e12:.3g}T ({peak_source})"
-        )
+
+def _device_mesh(runtime: Runtime):
+    if not runtime.distributed:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(runtime.device.type, (runtime.world_size,))
+
+
+def _find_resume(runtime, resume: str, root: Path, cfg: Recipe, engine) -> tuple[Path, dict] | None:
+    """Rank 0 inspects the files and decides; every rank gets the same answer or error."""
+    numels = [lay.numel for lay in engine.layouts] + [engine.small.numel]
+    answer: object = None
+    if runtime.is_main and resume != "never":
+        try:
+            if resume == "auto":
+                answer = ckpt.find_resume_checkpoint(root, cfg.model, numels, say)
+            else:
+                path = Path(resume)
+                answer = (path, ckpt.validate_checkpoint(path, cfg.model, numels))
+        except ckpt.CheckpointError as error:
+            answer = str(error)
+    answer = runtime.broadcast_object(answer)
+    if isinstance(answer, str):
+        raise ckpt.CheckpointError(answer)
+    return answer
+
+
+def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: bool) -> dict:
+    cfg, device = recipe, runtime.device
+    validate_world_size(cfg, runtime.world_size)
+    loader = GlobalBatchLoader(
+        _open_data(cfg),
+        seq_len=cfg.data.seq_len,
+        global_batch_size=cfg.data.global_batch_size,
+        micro_batch_size=cfg.data.micro_batch_size,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+        seed=cfg.train.seed,
+    )
+    run_dir = Path(
+        runtime.broadcast_object(str(run_dir_for(resume, run_dir, name, cfg.checkpoint.dir)))
+    )
+    check_fresh_start_allowed(run_dir, resume)
+    ckpt_root = run_dir / cfg.checkpoint.dir
+
+    model, engine = _build_engine(cfg, device)
+    optimizer = build_optimizer(engine.param_groups(cfg.optim.weight_decay), cfg.optim)
+    mesh = _device_mesh(runtime)
+    start_step, skipped, last_ckpt = 0, 0, None
+    found = _find_resume(runtime, resume, ckpt_root, cfg, engine)
+    if found is not None:
+        last_ckpt, manifest = found
+        ckpt.load_checkpoint(last_ckpt, engine, optimizer, mesh)
+        loader.load_state_dict(manifest["loader"])
+        start_step, skipped = manifest["step"], manifest.get("skipped_steps", 0)
 
     total = cfg.train.steps
+    recipe_dict = recipe_to_dict(cfg)
+    recipe_text = yaml.safe_dump(recipe_dict, sort_keys=False)
+    metrics_file = wandb = None
+    if runtime.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(recipe_text)
+        truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+        wandb = WandbLogger(cfg.logging.wandb, run_dir, recipe_dict, run_dir.name)
+    peak, peak_source = peak_flops(device, cfg.train.dtype)
+    if runtime.is_main:
+        where = f"resumed from {last_ckpt} (step {start_step})" if last_ckpt else "fresh start"
+        say(
+            f"run dir {run_dir} | {where} | world size {runtime.world_size} | device {device} | "
+            f"wandb {wandb.mode} | peak FLOP/s {peak / 1e12:.3g}T ({peak_source})"
+        )
+    if start_step >= total:
+        say(f"nothing to do: the run is already at step {start_step} of {total}")
+        return {"run_dir": str(run_dir), "steps": start_step}
+
+    def save(step: int) -> Path:
+        meta = {
+            "model": dataclasses.asdict(cfg.model),
+            "recipe_sha256": hashlib.sha256(recipe_text.encode()).hexdigest(),
+            "loader": loader.state_dict(),
+            "tokens_seen": step * loader.tokens_per_step,
+            "skipped_steps": skipped,
+        }
+        return ckpt.save_checkpoint(
+            ckpt_root,
+            step,
+            engine,
+            optimizer,
+            mesh,
+            meta,
+            is_main=runtime.is_main,
+            keep=cfg.checkpoint.keep,
+        )
+
+    flops_token = flops_per_token(cfg.model, cfg.data.seq_len)
+    memory = PeakMemory(device)
+    guard = StepGuard(device)
     bar = tqdm(
         total=total,
+        initial=start_step,
         disable=not (progress and runtime.is_main),
         desc="pretrain",
         unit="step",
@@ -136,121 +203,86 @@ def _train(recipe: Recipe, runtime: Runtime, name: str, run_dir: Path | None, pr
         file=sys.stderr,
     )
     records: list[dict] = []
-    tokens_per_step = loader.tokens_per_step
-    window_start, window_steps, data_wait = time.perf_counter(), 0, 0.0
-    run_start = window_start
-    for step in range(1, total + 1):
-        lr = lr_at(
-            step,
-            lr=cfg.optim.lr,
-            min_lr=cfg.optim.min_lr,
-            warmup_steps=cfg.optim.warmup_steps,
-            total_steps=total,
-        )
-        set_lr(optimizer, lr)
-        t_data = time.perf_counter()
-        micro_batches = loader.next_batch()
-        data_wait += time.perf_counter() - t_data
-        loss_sum = torch.zeros((), device=device)
-        for inputs, targets in micro_batches:
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            loss.backward()
-            loss_sum += loss.detach()
-        engine.reduce_gradients()
-        grad_norm = engine.clip_grad_norm_(cfg.optim.grad_clip)
-        optimizer.step()
-        engine.after_step()
-        window_steps += 1
-        bar.update(1)
-
-        if step == 1 or step % cfg.train.log_every == 0 or step == total:
-            loss_mean = loss_sum / len(micro_batches)
-            if runtime.distributed:
-                torch.distributed.all_reduce(loss_mean)
-                loss_mean /= runtime.world_size
-            synchronize(device)
-            elapsed = time.perf_counter() - window_start
-            tokens_per_s = window_steps * tokens_per_step / elapsed
-            per_device = tokens_per_s / runtime.world_size
-            record = {
-                "step": step,
-                "loss": loss_mean.item(),
-                "lr": lr,
-                "grad_norm": grad_norm.item(),
-                "tokens_seen": step * tokens_per_step,
-                "step_time_s": elapsed / window_steps,
-                "tokens_per_s": tokens_per_s,
-                "tokens_per_s_per_device": per_device,
-                "tflops_per_device": per_device * flops_token / 1e12,
-                "mfu": per_device * flops_token / peak,
-                "peak_memory_bytes": memory.read(),
-                "data_wait_frac": data_wait / elapsed,
-                "comm_bytes_sent": engine.bytes_sent,
-            }
-            records.append(record)
-            if runtime.is_main:
-                metrics_file.write(record)
-                wandb.log(record, step=step)
-                bar.set_postfix(
-                    loss=f"{record['loss']:.4f}",
-                    tok_s=f"{tokens_per_s:,.0f}",
-                    mfu=f"{record['mfu']:.1%}",
+    run_start = window_start = time.perf_counter()
+    window_steps, data_wait = 0, 0.0
+    try:
+        for step in range(start_step + 1, total + 1):
+            lr = lr_at(
+                step,
+                lr=cfg.optim.lr,
+                min_lr=cfg.optim.min_lr,
+                warmup_steps=cfg.optim.warmup_steps,
+                total_steps=total,
+            )
+            set_lr(optimizer, lr)
+            t_data = time.perf_counter()
+            micro_batches = loader.next_batch()
+            data_wait += time.perf_counter() - t_data
+            loss_sum = torch.zeros((), device=device)
+            for inputs, targets in micro_batches:
+                logits = model(inputs.to(device, non_blocking=True))
+                targets = targets.to(device, non_blocking=True)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+                loss.backward()
+                loss_sum += loss.detach()
+            engine.reduce_gradients()
+            grad_norm = engine.clip_grad_norm_(cfg.optim.grad_clip)
+            stop, nonfinite = guard.check(loss_sum, grad_norm)
+            if nonfinite and not cfg.train.skip_nonfinite_steps:
+                raise TrainingError(
+                    f"non-finite loss or gradient norm at step {step}; the update was not "
+                    f"applied and the last good checkpoint is {last_ckpt or 'none'}: lower "
+                    "optim.lr, or set train.skip_nonfinite_steps: true to skip such steps"
                 )
-                if not bar.disable:
-                    bar.refresh()
-                _say(_log_line(record), bar)
-            window_start, window_steps, data_wait = time.perf_counter(), 0, 0.0
-    bar.close()
-    summary = _summary(records, time.perf_counter() - run_start, run_dir, cfg, runtime)
-    if runtime.is_main:
-        metrics_file.close()
-        wandb.summary(summary)
-        wandb.finish()
-        _say(format_summary([(k, _fmt(v)) for k, v in summary.items()]))
-    return summary
+            if nonfinite:
+                skipped += 1
+                say(f"warning: step {step} skipped (non-finite loss or gradient norm)", bar)
+            else:
+                optimizer.step()
+            engine.after_step()
+            window_steps += 1
+            bar.update(1)
 
+            if step == start_step + 1 or step % cfg.train.log_every == 0 or step == total:
+                loss_mean = loss_sum / len(micro_batches)
+                if runtime.distributed:
+                    dist.all_reduce(loss_mean)
+                    loss_mean /= runtime.world_size
+                synchronize(device)
+                record = metrics_record(
+                    step=step, loss=loss_mean.item(), lr=lr, grad_norm=grad_norm.item(),
+                    tokens_per_step=loader.tokens_per_step,
+                    window_s=time.perf_counter() - window_start, window_steps=window_steps,
+                    world_size=runtime.world_size, flops_per_token=flops_token,
+                    peak_flops=peak, peak_memory=memory.read(), data_wait_s=data_wait,
+                    bytes_sent=engine.bytes_sent, skipped_steps=skipped,
+                )  # fmt: skip
+                records.append(record)
+                if runtime.is_main:
+                    metrics_file.write(record)
+                    wandb.log(record, step=step)
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", mfu=f"{record['mfu']:.1%}")
+                    say(log_line(record), bar)
+                window_start, window_steps, data_wait = time.perf_counter(), 0, 0.0
 
-def _log_line(r: dict) -> str:
-    mem = "n/a" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**30:.2f}GiB"
-    return (
-        f"step {r['step']:>6} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-        f"gnorm {r['grad_norm']:.3f} | {r['step_time_s']:.3f}s/step | "
-        f"{r['tokens_per_s_per_device']:,.0f} tok/s/dev | {r['tflops_per_device']:.2f} TFLOP/s | "
-        f"MFU {r['mfu']:.1%} | mem {mem}"
-    )
-
-
-def _summary(records, wall_s, run_dir, cfg, runtime) -> dict:
-    steady = [r for r in records if r["step"] > 1] or records
-    weights = [r["step_time_s"] for r in steady]
-    mem = [r["peak_memory_bytes"] for r in records if r["peak_memory_bytes"] is not None]
-    return {
-        "run_dir": str(run_dir),
-        "steps": records[-1]["step"],
-        "world_size": runtime.world_size,
-        "first_loss": records[0]["loss"],
-        "final_loss": records[-1]["loss"],
-        "tokens_seen": records[-1]["tokens_seen"],
-        "wall_time_s": wall_s,
-        "step_time_s": sum(weights) / len(weights),
-        "tokens_per_s_per_device": sum(r["tokens_per_s_per_device"] for r in steady) / len(steady),
-        "mfu": sum(r["mfu"] for r in steady) / len(steady),
-        "peak_memory_bytes": max(mem) if mem else None,
-        "dtype": cfg.train.dtype,
-    }
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _say(message: str, bar: tqdm | None = None) -> None:
-    if bar is not None and not bar.disable:
-        bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr, flush=True)
+            every = cfg.checkpoint.every
+            if (every and step % every == 0) or step == total or stop:
+                last_ckpt = save(step)
+            if stop:
+                raise Interrupted(
+                    f"stopped by {guard.signal_name} at step {step}; checkpoint saved in "
+                    f"{last_ckpt}: continue with --run-dir {run_dir} (--resume auto)"
+                )
+        summary = run_summary(
+            records, time.perf_counter() - run_start, run_dir, cfg.train.dtype, runtime.world_size
+        )
+        if runtime.is_main:
+            wandb.summary(summary)
+            say(format_summary(summary), bar)
+        return summary
+    finally:
+        guard.restore()
+        bar.close()
+        if runtime.is_main:
+            metrics_file.close()
+            wandb.finish()

@@ -107,10 +107,3 @@ class MetricsFile:
 
     def close(self) -> None:
         self.file.close()
-
-
-def format_summary(rows: list[tuple[str, str]]) -> str:
-    """A two-column text table for the end-of-run summary."""
-    width = max(len(k) for k, _ in rows)
-    rule = "-" * (width + 3 + max(len(v) for _, v in rows))
-    return "\n".join([rule, *(f"{k.ljust(width)} | {v}" for k, v in rows), rule])

@@ -21,6 +21,7 @@ class Runtime:
     world_size: int
     local_rank: int
     device: torch.device
+    owns_group: bool = False  # created here, so destroyed here (not when a caller made it)
 
     @property
     def is_main(self) -> bool:
@@ -43,22 +44,28 @@ class Runtime:
         return box[0]
 
     def shutdown(self) -> None:
-        if self.distributed:
+        if self.owns_group and self.distributed:
             dist.destroy_process_group()
 
 
 def init_runtime(timeout_s: float = 600.0) -> Runtime:
-    """Join the torchrun job if there is one; pick cuda:LOCAL_RANK when a GPU is present."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    """Join the torchrun job if there is one (or use the caller's process group); pick
+    cuda:LOCAL_RANK when a GPU is present."""
+    if dist.is_available() and dist.is_initialized():
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+    else:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    owns = False
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
-    return Runtime(rank, world_size, local_rank, device)
+        owns = True
+    return Runtime(rank, world_size, local_rank, device, owns)

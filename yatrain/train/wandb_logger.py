@@ -36,7 +36,13 @@ class WandbLogger:
             return
         import wandb  # imported lazily: it is slow and unused when disabled
 
+        # One W&B run per run directory: a resumed or restarted job continues it.
+        id_file = run_dir / "wandb-run-id"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
         self.run = wandb.init(
+            id=run_id,
+            resume="allow",
             project=cfg.project,
             entity=cfg.entity,
             name=name,

@@ -1,0 +1,230 @@
+"""Checkpoints: exact resume, resharding across world sizes, crashes, corruption, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAST, ROOT
+from distributed import run_ranks
+
+from yatrain.config import load_recipe
+from yatrain.errors import TrainingError, YatrainError
+from yatrain.train import checkpoint as ckpt
+from yatrain.train.loop import pretrain
+
+
+def recipe(data: Path, *extra: str):
+    return load_recipe(
+        ROOT / "recipes/tiny.yaml",
+        [*FAST, f"data.path={data}", "data.global_batch_size=8", "checkpoint.keep=10", *extra],
+    )
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+
+def train(data, run_dir, steps, *extra, resume="auto"):
+    cfg = recipe(data, "checkpoint.every=2", *extra)
+    return pretrain(cfg, run_dir=run_dir, steps=steps, resume=resume, progress=False)
+
+
+def _train_on_ranks(rank, world, data, run_dir, steps, extra):
+    train(data, run_dir, steps, *extra)
+    return rank
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_data, tmp_path_factory) -> dict[int, float]:
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    train(small_data, run_dir, 8)
+    return losses(run_dir)
+
+
+def test_resume_is_bitwise_exact(small_data, uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    train(small_data, run_dir, 4)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    train(small_data, run_dir, 8)  # --resume auto: continues from step-4
+    resumed = losses(run_dir)
+    assert list(resumed) == list(range(1, 9))  # one uninterrupted-looking log
+    assert resumed == uninterrupted  # bitwise: same floats
+
+
+@pytest.mark.parametrize("first,second", [(4, 2), (2, 1), (1, 2)])
+def test_resharded_resume_continues_the_trajectory(
+    small_data, uninterrupted, tmp_path, first, second
+):
+    run_dir = tmp_path / "run"
+    for world, steps in ((first, 4), (second, 8)):
+        if world == 1:
+            train(small_data, run_dir, steps)
+        else:
+            run_ranks(world, _train_on_ranks, small_data, run_dir, steps, ())
+    got = losses(run_dir)
+    manifest = json.loads((run_dir / "checkpoints/step-8" / ckpt.MANIFEST).read_text())
+    assert manifest["world_size_at_save"] == second
+    for step in range(1, 9):
+        assert abs(got[step] - uninterrupted[step]) / uninterrupted[step] < 1e-6
+
+
+def test_crash_during_save_keeps_previous_checkpoint(
+    small_data, uninterrupted, tmp_path, monkeypatch
+):
+    run_dir = tmp_path / "run"
+    real_save = ckpt.dcp.save
+
+    def dies_after_writing(state, checkpoint_id):
+        real_save(state, checkpoint_id=checkpoint_id)
+        if checkpoint_id.endswith("step-4"):
+            raise KeyboardInterrupt("killed while saving")  # before manifest and rename
+
+    monkeypatch.setattr(ckpt.dcp, "save", dies_after_writing)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_data, run_dir, 8)
+    monkeypatch.setattr(ckpt.dcp, "save", real_save)
+    root = run_dir / "checkpoints"
+    assert (root / ".tmp-step-4").exists() and not (root / "step-4").exists()
+    assert ckpt.complete_checkpoints(root) == [root / "step-2"]
+    train(small_data, run_dir, 8)
+    assert losses(run_dir) == uninterrupted
+    assert not (root / ".tmp-step-4").exists()  # cleaned up by the next save
+
+
+def test_corrupt_checkpoint_is_refused_and_auto_falls_back(
+    small_data, uninterrupted, tmp_path, capfd
+):
+    run_dir = tmp_path / "run"
+    train(small_data, run_dir, 4)
+    newest = run_dir / "checkpoints/step-4"
+    shard = next(newest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated
+    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+        train(small_data, run_dir, 8, resume=str(newest))
+    train(small_data, run_dir, 8)  # auto: falls back to step-2, and says so
+    assert "skipping step-4" in capfd.readouterr().err
+    assert losses(run_dir) == uninterrupted
+
+
+def test_missing_shard_and_other_model_are_refused(small_data, tmp_path):
+    run_dir = tmp_path / "run"
+    train(small_data, run_dir, 2)
+    path = run_dir / "checkpoints/step-2"
+    with pytest.raises(ckpt.CheckpointError, match=r"model\.dim 64 -> 96"):
+        train(small_data, run_dir, 4, "model.dim=96", resume=str(path))
+    next(path.glob("*.distcp")).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="missing"):
+        train(small_data, run_dir, 4, resume=str(path))
+    with pytest.raises(ckpt.CheckpointError, match="no usable checkpoint"):
+        train(small_data, run_dir, 4)  # auto never silently restarts over a broken run
+
+
+def test_non_finite_loss_stops_without_checkpointing_the_bad_state(small_data, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"non-finite .* at step \d+") as error:
+        train(
+            small_data, run_dir, 12, "optim.lr=1.0e+6", "optim.warmup_steps=0", "optim.grad_clip=0"
+        )
+    bad_step = int(str(error.value).split("at step ")[1].split(";")[0])
+    saved = [int(p.name.split("-")[1]) for p in ckpt.complete_checkpoints(run_dir / "checkpoints")]
+    assert saved and max(saved) < bad_step
+
+
+def test_non_finite_steps_can_be_skipped_and_counted(small_data, tmp_path):
+    run_dir = tmp_path / "run"
+    summary = train(
+        small_data, run_dir, 6, "optim.lr=1.0e+6", "optim.warmup_steps=0",
+        "optim.grad_clip=0", "train.skip_nonfinite_steps=true",
+    )  # fmt: skip
+    assert summary["steps"] == 6 and summary["skipped_steps"] > 0
+
+
+def test_user_errors_are_yatrain_errors():
+    assert issubclass(ckpt.CheckpointError, YatrainError)
+
+
+def _cli(*args: str) -> list[str]:
+    sets = [f"--set={s}" for s in [*FAST, "data.global_batch_size=8", "checkpoint.every=5"]]
+    return ["-m", "yatrain", "pretrain", "recipes/tiny.yaml", *sets, *args, "--no-progress"]
+
+
+def _wait_for(predicate, proc, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _step_reached(run_dir: Path, step: int):
+    def reached() -> bool:
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and len(path.read_text().splitlines()) >= step
+
+    return reached
+
+
+def test_sigterm_saves_a_checkpoint_of_the_current_step(small_data, isolated_env, tmp_path):
+    run_dir, steps = tmp_path / "run", "400"
+    args = _cli(f"--set=data.path={small_data}", "--run-dir", str(run_dir), "--steps", steps)
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=isolated_env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _wait_for(_step_reached(run_dir, 3), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "stopped by SIGTERM at step" in err
+    stopped_at = int(err.split("at step ")[1].split(";")[0])
+    assert ckpt.complete_checkpoints(run_dir / "checkpoints")[0].name == f"step-{stopped_at}"
+    assert stopped_at < 400
+
+
+def test_elastic_restart_after_a_killed_rank_matches_uninterrupted(
+    small_data, isolated_env, tmp_path
+):
+    steps = "60"
+    reference = tmp_path / "reference"
+    common = [f"--set=data.path={small_data}", "--steps", steps]
+    done = subprocess.run(
+        [sys.executable, *_cli(*common, "--run-dir", str(reference))],
+        cwd=ROOT, env=isolated_env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "elastic"
+    torchrun = [
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", "1",
+    ]  # fmt: skip
+    cmd = [sys.executable, *torchrun, *_cli(*common, "--run-dir", str(run_dir))[1:]]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=isolated_env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: (run_dir / "checkpoints/step-10").exists(), proc, timeout=240)
+        workers = subprocess.run(
+            ["pgrep", "-f", "-P", str(proc.pid), "yatrain"], capture_output=True, text=True
+        ).stdout.split()
+        assert workers, "no worker processes found"
+        os.kill(int(workers[-1]), signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed from" in err  # the restarted workers continued from a checkpoint
+    got, want = losses(run_dir), losses(reference)
+    assert sorted(got) == sorted(want)
+    assert max(abs(got[s] - want[s]) / want[s] for s in want) < 1e-5
+    shutil.rmtree(run_dir, ignore_errors=True)
