@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from yatrain.errors import Interrupted, YatrainError
+from yatrain.errors import ConfigError, Interrupted, YatrainError
 
 app = typer.Typer(
     add_completion=False,
@@ -101,6 +101,32 @@ def prepare_data(
         f"wrote {output}: {manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} "
         f"documents, vocab {manifest['vocab_size']}"
     )
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  yatrain export runs/tiny-20261202-101500/checkpoints/step-60 --output hf/tiny\n\n"
+        "  yatrain export CHECKPOINT --format hf --dtype bf16 --output hf/model"
+    )
+)
+def export(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint directory (RUN/checkpoints/step-N)."),
+    output: Path = typer.Option(..., "--output", help="New directory to write."),
+    format: str = typer.Option("hf", "--format", help="hf: a Hugging Face LlamaForCausalLM."),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="fp32 or bf16 (default: the training dtype)."
+    ),
+) -> None:
+    """Export a checkpoint's weights for other tools, one layer at a time."""
+    from yatrain.train.weights import export_hf
+
+    if format != "hf":
+        raise ConfigError(f"--format {format}: the only export format is hf")
+    if dtype not in (None, "fp32", "bf16"):
+        raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
+    export_hf(checkpoint, output, dtype)
+    typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
 
 
 def main() -> None:

@@ -78,6 +78,9 @@ class TrainConfig:
     log_every: int = _limit(1, ge=1)
     # On a non-finite loss or gradient norm: stop (false) or skip that step's update (true).
     skip_nonfinite_steps: bool = False
+    # Start from these weights instead of random init: a Hugging Face Llama directory or a
+    # yatrain checkpoint (weights only; optimizer and data position start fresh).
+    init_from: str | None = None
 
 
 @dataclass(kw_only=True)

@@ -102,7 +102,7 @@ class ShardedEngine:
         self.prefetch_depth = prefetch_depth
         self.n_units = len(units)
 
-        self.layouts, self.small, self.n_norm_slots = _plan_layouts(
+        self.layouts, self.small, self.n_norm_slots = plan_layouts(
             model, units, norms, self.world_size
         )
         self._materialize(units, norms, init_unit, init_norms)
@@ -468,7 +468,9 @@ def _copy_slots(slots, dest: torch.Tensor, start: int, end: int) -> None:
             dest[lo - start : hi - start].copy_(flat)
 
 
-def _plan_layouts(model, units, norms, world_size) -> tuple[list[FlatLayout], FlatLayout, int]:
+def plan_layouts(
+    model: nn.Module, units: Sequence[nn.Module], norms: Sequence[nn.Module], world_size: int
+) -> tuple[list[FlatLayout], FlatLayout, int]:
     """Unit layouts (weights of rank >= 2) and the small group: norms first, then any other
     1-D tensor (biases); also returns how many small-group slots belong to norms."""
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from yatrain.config import ModelConfig
 from yatrain.errors import YatrainError
 
 MANIFEST = "yatrain-checkpoint.json"
+TOKENIZER = "tokenizer.model"
 FORMAT = "yatrain-checkpoint-v1"
 _CHECKSUM_MAX_BYTES = 2 * 2**30  # above this, sizes only: hashing would dominate save time
 
@@ -92,9 +94,20 @@ def _sync_adam_step(engine, optimizer) -> None:
 
 
 def save_checkpoint(
-    root: Path, step: int, engine, optimizer, mesh, meta: dict, *, is_main: bool, keep: int
+    root: Path,
+    step: int,
+    engine,
+    optimizer,
+    mesh,
+    meta: dict,
+    *,
+    is_main: bool,
+    keep: int,
+    tokenizer: Path | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the final ``step-N`` directory."""
+    """Collective: every rank calls it. Returns the final ``step-N`` directory.
+
+    The tokenizer is copied in, so a checkpoint is self-contained for export."""
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
     if is_main:
@@ -105,6 +118,8 @@ def save_checkpoint(
     dcp.save(training_state(engine, optimizer, mesh), checkpoint_id=str(tmp))
     _barrier()
     if is_main:
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / TOKENIZER)
         files = {}
         for path in sorted(tmp.iterdir()):
             files[path.name] = {"bytes": path.stat().st_size}
@@ -216,17 +231,14 @@ def load_checkpoint(path: Path, engine, optimizer, mesh) -> None:
     engine.after_step()  # refresh gather inputs (bf16 copies) from the loaded masters
 
 
-def load_full_weights(path: Path, engine_layouts, small_layout) -> dict[str, torch.Tensor]:
+def iter_full_weights(path: Path, layouts, small) -> Iterator[tuple[str, torch.Tensor]]:
     """Every parameter in fp32 from a checkpoint, in one process, one unit at a time."""
-    names = [f"unit.{i}" for i in range(len(engine_layouts))] + ["small"]
-    layouts = [*engine_layouts, small_layout]
-    result = {}
-    for name, layout in zip(names, layouts, strict=True):
+    names = [f"unit.{i}" for i in range(len(layouts))] + ["small"]
+    for name, layout in zip(names, [*layouts, small], strict=True):
         flat = torch.empty(layout.numel, dtype=torch.float32)
         dcp.load({"model": {name: flat}}, checkpoint_id=str(path), no_dist=True)
         for slot, view in zip(layout.slots, layout.views(flat), strict=True):
-            result[slot.name] = view.clone()
-    return result
+            yield slot.name, view
 
 
 # ---------------------------------------------------------------------- small helpers

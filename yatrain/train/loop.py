@@ -34,6 +34,7 @@ from yatrain.train.resume import check_fresh_start_allowed, run_dir_for, truncat
 from yatrain.train.runtime import Runtime, init_runtime
 from yatrain.train.schedule import lr_at
 from yatrain.train.wandb_logger import WandbLogger
+from yatrain.train.weights import init_from_source
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -80,12 +81,15 @@ def _open_data(recipe: Recipe) -> TokenShards:
 def _build_engine(cfg: Recipe, device: torch.device):
     model = build_model(cfg.model, cfg.sharding.activation_checkpoint_layers)
     seed = cfg.train.seed
+    init_unit, init_norms = (lambda index: model.init_unit_(index, seed)), model.init_norms_
+    if cfg.train.init_from is not None:
+        init_unit, init_norms = init_from_source(Path(cfg.train.init_from), cfg.model, model)
     engine = ShardedEngine(
         model,
         model.units(),
         model.norm_modules(),
-        init_unit=lambda index: model.init_unit_(index, seed),
-        init_norms=model.init_norms_,
+        init_unit=init_unit,
+        init_norms=init_norms,
         device=device,
         param_dtype=DTYPES[cfg.train.dtype],
         reduce_dtype=DTYPES[cfg.sharding.reduce_dtype],
@@ -178,6 +182,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
             "loader": loader.state_dict(),
             "tokens_seen": step * loader.tokens_per_step,
             "skipped_steps": skipped,
+            "dtype": cfg.train.dtype,
         }
         return ckpt.save_checkpoint(
             ckpt_root,
@@ -188,6 +193,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
             meta,
             is_main=runtime.is_main,
             keep=cfg.checkpoint.keep,
+            tokenizer=loader.shards.tokenizer_path,
         )
 
     flops_token = flops_per_token(cfg.model, cfg.data.seq_len)

@@ -1,0 +1,233 @@
+"""Weights in and out: Hugging Face export, and ``train.init_from`` (HF directory or ours).
+
+Both directions go one unit (embedding, decoder layer, head) at a time: export streams
+units from the checkpoint into safetensors shards, and import fills each unit while the
+engine materialises it, so neither ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from yatrain.config import ModelConfig
+from yatrain.errors import ConfigError, YatrainError
+from yatrain.models import hf
+from yatrain.models.llama import Llama, build_model
+from yatrain.sharding.engine import plan_layouts
+from yatrain.train import checkpoint as ckpt
+
+SHARD_BYTES = 4 * 2**30
+
+
+def _layouts(cfg: ModelConfig):
+    model = build_model(cfg)
+    layouts, small, _ = plan_layouts(model, model.units(), model.norm_modules(), 1)
+    return layouts, small
+
+
+def _checkpoint_manifest(path: Path) -> tuple[dict, ModelConfig]:
+    manifest_path = path / ckpt.MANIFEST
+    if not manifest_path.is_file():
+        raise ckpt.CheckpointError(
+            f"{path} is not a complete yatrain checkpoint (no {ckpt.MANIFEST})"
+        )
+    manifest = json.loads(manifest_path.read_text())
+    cfg = ModelConfig(**manifest["model"])
+    layouts, small = _layouts(cfg)
+    ckpt.validate_checkpoint(path, cfg, [lay.numel for lay in layouts] + [small.numel])
+    return manifest, cfg
+
+
+def iter_checkpoint_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    _, cfg = _checkpoint_manifest(path)
+    layouts, small = _layouts(cfg)
+    yield from ckpt.iter_full_weights(path, layouts, small)
+
+
+# ---------------------------------------------------------------------- export
+
+
+def export_hf(checkpoint: Path, output: Path, dtype: str | None = None) -> Path:
+    """A ``LlamaForCausalLM`` directory: config.json, sharded safetensors, the tokenizer."""
+    manifest, cfg = _checkpoint_manifest(checkpoint)
+    dtype = dtype or manifest.get("dtype", "fp32")
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    if output.exists() and any(output.iterdir()):
+        raise YatrainError(f"{output} already exists and is not empty: choose another --output")
+    tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
+    tmp.mkdir(parents=True)
+    try:
+        weight_map, total = _write_safetensors(checkpoint, cfg, torch_dtype, tmp)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+        bos, eos = _copy_tokenizer(checkpoint, tmp)
+        (tmp / "config.json").write_text(json.dumps(hf.hf_config(cfg, dtype, bos, eos), indent=1))
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=1)
+        )
+        if output.exists():
+            output.rmdir()
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output
+
+
+def _write_safetensors(checkpoint: Path, cfg, torch_dtype, folder: Path):
+    """Stream units into files of at most SHARD_BYTES; name them once the count is known."""
+    from safetensors.torch import save_file
+
+    parts: list[tuple[Path, list[str]]] = []
+    current: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        path = folder / f"part-{len(parts) + 1:05d}.safetensors"
+        save_file(current, str(path), metadata={"format": "pt"})
+        parts.append((path, list(current)))
+
+    for name, tensor in iter_checkpoint_weights(checkpoint):
+        key, value = hf.to_hf(name, tensor.to(torch_dtype), cfg)
+        nbytes = value.numel() * value.element_size()
+        if current and size + nbytes > SHARD_BYTES:
+            flush()
+            current, size = {}, 0
+        current[key] = value.clone()
+        size, total = size + nbytes, total + nbytes
+    flush()
+    weight_map = {}
+    for number, (path, keys) in enumerate(parts, start=1):
+        final = (
+            "model.safetensors"
+            if len(parts) == 1
+            else (f"model-{number:05d}-of-{len(parts):05d}.safetensors")
+        )
+        path.rename(folder / final)
+        weight_map.update(dict.fromkeys(keys, final))
+    return weight_map, total
+
+
+def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
+    source = checkpoint / ckpt.TOKENIZER
+    if not source.is_file():
+        return 1, 2
+    from yatrain.data import Tokenizer
+
+    shutil.copyfile(source, folder / "tokenizer.model")
+    tok = Tokenizer(source)
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": tok.sp.id_to_piece(tok.bos_id),
+        "eos_token": tok.sp.id_to_piece(tok.eos_id),
+        "unk_token": tok.sp.id_to_piece(0),
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "legacy": False,
+        "add_prefix_space": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return tok.bos_id, tok.eos_id
+
+
+# ---------------------------------------------------------------------- import (init_from)
+
+
+def _unit_names(model: Llama) -> tuple[list[list[str]], list[str]]:
+    """Qualified parameter names per unit (norms excluded), and the norms' names."""
+    prefix = {id(module): name for name, module in model.named_modules()}
+    norm_ids = {id(m) for m in model.norm_modules()}
+    norm_names = [
+        f"{prefix[id(m)]}.{n}" for m in model.norm_modules() for n, _ in m.named_parameters()
+    ]
+    units = []
+    for unit in model.units():
+        names = []
+        for sub in unit.modules():
+            if id(sub) in norm_ids:
+                continue
+            for attr, _ in sub.named_parameters(recurse=False):
+                names.append(f"{prefix[id(sub)]}.{attr}")
+        units.append(names)
+    return units, norm_names
+
+
+def init_from_source(
+    source: Path, cfg: ModelConfig, model: Llama
+) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """Engine callbacks that fill each freshly materialised unit from ``source``."""
+    unit_names, norm_names = _unit_names(model)
+    if (source / "config.json").is_file():
+        read = _hf_reader(source, cfg)
+    elif (source / ckpt.MANIFEST).is_file():
+        read = _checkpoint_reader(source, cfg)
+    else:
+        raise ConfigError(
+            f"train.init_from {source} is neither a Hugging Face Llama directory (config.json "
+            f"and safetensors) nor a yatrain checkpoint ({ckpt.MANIFEST})"
+        )
+
+    @torch.no_grad()
+    def fill(names: list[str]) -> None:
+        for name in names:
+            param = model.get_parameter(name)
+            param.copy_(read(name).to(param.dtype).view_as(param))
+
+    return (lambda index: fill(unit_names[index])), (lambda: fill(norm_names))
+
+
+def _hf_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
+    from safetensors import safe_open
+
+    theirs = hf.model_config_from_hf(json.loads((source / "config.json").read_text()))
+    keys = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+    differs = [k for k in keys if getattr(theirs, k) != getattr(cfg, k)]
+    if differs:
+        detail = ", ".join(f"model.{k} {getattr(cfg, k)} vs {getattr(theirs, k)}" for k in differs)
+        raise ConfigError(f"train.init_from {source} has another architecture ({detail})")
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    else:
+        with safe_open(str(source / "model.safetensors"), "pt") as f:
+            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+
+    def read(name: str) -> torch.Tensor:
+        key = hf.hf_name(name)
+        if key not in weight_map:
+            raise ConfigError(f"train.init_from {source} has no tensor {key}")
+        with safe_open(str(source / weight_map[key]), "pt") as f:
+            return hf.from_hf(name, f.get_tensor(key), cfg)
+
+    return read
+
+
+def _checkpoint_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
+    manifest, theirs = _checkpoint_manifest(source)
+    if theirs != cfg:
+        raise ConfigError(f"train.init_from {source} was saved for another model ({theirs})")
+    layouts, small = _layouts(cfg)
+    unit_of = {slot.name: (i, layout) for i, layout in enumerate([*layouts, small])
+               for slot in layout.slots}  # fmt: skip
+    cache: dict[int, dict[str, torch.Tensor]] = {}
+
+    def read(name: str) -> torch.Tensor:
+        index, layout = unit_of[name]
+        if index not in cache:  # one unit in memory at a time
+            cache.clear()
+            flat = torch.empty(layout.numel, dtype=torch.float32)
+            key = "small" if index == len(layouts) else f"unit.{index}"
+            ckpt.dcp.load({"model": {key: flat}}, checkpoint_id=str(source), no_dist=True)
+            cache[index] = {
+                s.name: v for s, v in zip(layout.slots, layout.views(flat), strict=True)
+            }
+        return cache[index][name]
+
+    return read
