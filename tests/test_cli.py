@@ -118,3 +118,17 @@ def test_help_has_examples(isolated_env):
     for command in ("pretrain", "prepare-data"):
         result = yatrain(command, "--help", env=isolated_env)
         assert result.returncode == 0 and "Examples" in result.stdout
+
+
+def test_plan_command_through_the_cli(isolated_env):
+    result = yatrain("plan", "recipes/llama3_8b.yaml", "--gpus", "8", "--json", env=isolated_env)
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["fits"] and payload["activation_checkpoint_layers"] >= 0
+
+
+def test_auto_checkpoint_layers_is_resolved_and_logged(small_data, isolated_env, tmp_path):
+    args = pretrain_args(small_data, tmp_path / "run", "--steps", "1")
+    result = yatrain(*args, "--set=sharding.activation_checkpoint_layers=auto", env=isolated_env)
+    assert result.returncode == 0, result.stderr
+    assert "activation_checkpoint_layers auto ->" in result.stderr

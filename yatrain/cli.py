@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from yatrain.errors import ConfigError, Interrupted, YatrainError
+from yatrain.plan.commands import PLAN_EXAMPLES, SWEEP_EXAMPLES, plan, sweep
 
 app = typer.Typer(
     add_completion=False,
@@ -127,6 +128,10 @@ def export(
         raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
     export_hf(checkpoint, output, dtype)
     typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
+
+
+app.command("plan", epilog=PLAN_EXAMPLES)(plan)
+app.command("sweep", epilog=SWEEP_EXAMPLES)(sweep)
 
 
 def main() -> None:

@@ -384,7 +384,11 @@ class ShardedEngine:
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Exact global L2 norm across all shards (one all-reduce); clip when max_norm > 0."""
-        squares = self.flat_param.grad.square().sum() + self.small_param.grad.square().sum()
+        # vector_norm reduces in place: no temporary the size of the gradient shard.
+        squares = (
+            torch.linalg.vector_norm(self.flat_param.grad) ** 2
+            + torch.linalg.vector_norm(self.small_param.grad) ** 2
+        )
         self.comm.all_reduce_sum(squares)
         norm = squares.sqrt()
         if max_norm > 0:

@@ -78,8 +78,22 @@ def _open_data(recipe: Recipe) -> TokenShards:
     return shards
 
 
-def _build_engine(cfg: Recipe, device: torch.device):
-    model = build_model(cfg.model, cfg.sharding.activation_checkpoint_layers)
+def _checkpoint_layers(cfg: Recipe, runtime: Runtime) -> int:
+    """The recipe's number, or the memory planner's choice for ``auto`` (logged)."""
+    layers = cfg.sharding.activation_checkpoint_layers
+    if layers != "auto":
+        return layers
+    from yatrain.plan.memory import resolve_auto_checkpoint_layers
+
+    layers, why = resolve_auto_checkpoint_layers(cfg, runtime.world_size, runtime.device)
+    if runtime.is_main:
+        say(f"sharding.activation_checkpoint_layers auto -> {layers}: {why}")
+    return layers
+
+
+def _build_engine(cfg: Recipe, runtime: Runtime):
+    device = runtime.device
+    model = build_model(cfg.model, _checkpoint_layers(cfg, runtime))
     seed = cfg.train.seed
     init_unit, init_norms = (lambda index: model.init_unit_(index, seed)), model.init_norms_
     if cfg.train.init_from is not None:
@@ -143,7 +157,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
     check_fresh_start_allowed(run_dir, resume)
     ckpt_root = run_dir / cfg.checkpoint.dir
 
-    model, engine = _build_engine(cfg, device)
+    model, engine = _build_engine(cfg, runtime)
     optimizer = build_optimizer(engine.param_groups(cfg.optim.weight_decay), cfg.optim)
     mesh = _device_mesh(runtime)
     start_step, skipped, last_ckpt = 0, 0, None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import secrets
 from pathlib import Path
 
 from yatrain.config import WandbConfig
@@ -38,7 +39,7 @@ class WandbLogger:
 
         # One W&B run per run directory: a resumed or restarted job continues it.
         id_file = run_dir / "wandb-run-id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
         id_file.write_text(run_id)
         self.run = wandb.init(
             id=run_id,

@@ -1,0 +1,225 @@
+"""The memory planner: hand-checked arithmetic, agreement with measured memory, its choices.
+
+Measured memory comes from the live-tensor tracker around real engine steps (1 process and
+2 fork-started gloo ranks): resident state before the forward, then the peak above it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+import typer
+from conftest import ROOT
+from distributed import run_ranks
+from typer.testing import CliRunner
+
+from yatrain.config import load_recipe, recipe_from_dict
+from yatrain.models.llama import build_model
+from yatrain.plan.commands import plan as plan_command
+from yatrain.plan.memory import (
+    GIB,
+    engine_state_bytes,
+    plan_for_layers,
+    plan_memory,
+    resolve_auto_checkpoint_layers,
+)
+from yatrain.plan.memtrack import LiveTensorTracker
+from yatrain.sharding.engine import ShardedEngine
+from yatrain.train.optim import build_optimizer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SMALL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=256)
+
+
+def recipe(name: str, *overrides: str):
+    return load_recipe(ROOT / "recipes" / f"{name}.yaml", list(overrides))
+
+
+def small_recipe(dtype: str, layers: int, seq: int = 64, micro: int = 2):
+    return recipe_from_dict({
+        "model": {**SMALL, "max_seq_len": seq},
+        "data": {"path": "unused", "seq_len": seq, "micro_batch_size": micro,
+                 "global_batch_size": micro},
+        "train": {"steps": 3, "dtype": dtype},
+        "optim": {"lr": 1e-3},
+        "sharding": {"activation_checkpoint_layers": layers},
+    })  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def test_llama3_8b_on_8_gpus_matches_hand_computed_bytes():
+    """Llama 3 8B, 8 GPUs, seq 8192, micro-batch 1, bf16 weights, fp32 reduce, prefetch 1.
+
+    Layer: wq, wo 4096x4096; wk, wv 4096x1024; w1, w2, w3 4096x14336 -> 218,103,808 elements
+    (27,262,976 per rank). Embedding = head = 128256 x 4096 = 525,336,576 (65,667,072 per rank).
+    Norms: 65 x 4096 = 266,240 (33,280 per rank). Shard: 32 x 27,262,976 + 2 x 65,667,072
+    + 33,280 = 1,003,782,656 elements.
+    """
+    plan = plan_for_layers(recipe("llama3_8b"), 8, 0, 80 * GIB)
+    b = plan.breakdown
+    shard = 1_003_782_656
+    assert b["master_weights"] == b["gradients"] == 4 * shard == 4_015_130_624
+    assert b["optimizer_state"] == 8 * shard
+    assert b["gather_input_copy"] == 2 * shard
+    # 2 bf16 layer buffers + the edge buffer (embedding/head) + the norm group
+    assert b["gather_buffers"] == 2 * 2 * 218_103_808 + 2 * 525_336_576 + 2 * 266_240
+    # 2 bf16 layer grad buffers with fp32 RS outputs, one fp32 staging; edge likewise; norms
+    inner = 2 * (2 * 218_103_808 + 4 * 27_262_976) + 4 * 218_103_808
+    edge = 2 * 525_336_576 + 4 * 65_667_072 + 4 * 525_336_576
+    assert b["gradient_buffers"] == inner + edge + 2 * 266_240 + 4 * 33_280 == 5_378_287_616
+    # One layer's activations per token: 2 norms x (4 + 2 + 2) x 4096, q/k/v/out
+    # 2 x (4096 + 1024 + 1024 + 4096), SwiGLU 4 x 2 x 14336 -> 200,704 B; plus fp32 LSE.
+    assert plan.full_layer_bytes == 200_704 * 8192 + 4 * 32 * 8192 == 1_645_215_744
+    assert plan.checkpointed_layer_bytes == 2 * 4096 * 8192
+    assert b["activations"] == 32 * plan.full_layer_bytes + (4 + 2 + 2) * 4096 * 8192
+    assert b["logits_and_loss"] == (2 + 12) * 8192 * 128_256  # bf16 logits, fp32 CE + grads
+    assert plan.peak_moment == "loss" and plan.fits is False
+
+
+def test_world_size_one_has_no_gather_buffers():
+    m = recipe("tiny").model
+    fp32 = engine_state_bytes(m, 1, "fp32", "fp32", 1)
+    assert fp32["gather_buffers"] == 0 and fp32["gradient_buffers"] == 0  # views, direct grads
+    bf16 = engine_state_bytes(m, 1, "bf16", "fp32", 1)
+    assert bf16["gather_buffers"] == 0 and bf16["gradient_buffers"] > 0
+    assert engine_state_bytes(m, 2, "fp32", "fp32", 1)["gather_buffers"] > 0
+    deeper = engine_state_bytes(m, 2, "fp32", "fp32", 2)["gather_buffers"]
+    assert deeper > engine_state_bytes(m, 2, "fp32", "fp32", 1)["gather_buffers"]
+
+
+def test_auto_picks_more_layers_as_sequences_grow():
+    chosen = []
+    for seq in (2048, 4096, 8192):
+        r = recipe("llama2_70b", f"data.seq_len={seq}", f"model.max_seq_len={seq}")
+        plan = plan_memory(r, 256, 80 * GIB)
+        chosen.append(plan.activation_checkpoint_layers)
+        assert plan.peak_bytes_per_gpu <= 80 * GIB or not plan.fits
+    assert 0 < chosen[0] < chosen[1] <= chosen[2]
+    short = plan_memory(recipe("llama2_7b", "data.seq_len=2048"), 64, 80 * GIB)
+    assert short.activation_checkpoint_layers == 0 and short.fits
+
+
+def test_smallest_fitting_count_is_minimal_and_costs_recompute():
+    r = recipe("llama3_70b", "data.seq_len=2048")
+    plan = plan_memory(r, 256, 80 * GIB)
+    k = plan.activation_checkpoint_layers
+    assert plan.fits and not plan_for_layers(r, 256, k - 1, 80 * GIB).fits
+    assert 0 < plan.recompute_flops_fraction < k / 80 / 3 + 1e-9  # a layer forward ~ 1/3
+    assert plan.recipe_setting["activation_checkpoint_layers"] == 20
+
+
+def test_does_not_fit_names_the_gpu_count_that_does():
+    r = recipe("llama3_70b")  # seq 8192
+    plan = plan_memory(r, 8, 80 * GIB)
+    assert plan.fits is False and plan.activation_checkpoint_layers == 80
+    need = plan.min_gpus
+    assert need is not None and need > 8
+    assert plan_for_layers(r, need, 80, 80 * GIB).fits
+    assert not plan_for_layers(r, need - 1, 80, 80 * GIB).fits
+    tiny_gpu = plan_memory(r, 8, 4 * GIB)  # the allowance alone nearly fills it
+    assert tiny_gpu.min_gpus is None
+
+
+def test_resolve_auto_on_cpu_and_with_a_limit():
+    cpu = torch.device("cpu")
+    layers, why = resolve_auto_checkpoint_layers(recipe("tiny"), 1, cpu)
+    assert layers == 0 and "no device memory limit" in why and "\n" not in why
+    limited = recipe("llama2_70b", "data.seq_len=2048", "sharding.gpu_memory_gib=80")
+    layers, why = resolve_auto_checkpoint_layers(limited, 256, cpu)
+    assert layers == plan_memory(limited, 256, 80 * GIB).activation_checkpoint_layers > 0
+    assert f"-> {layers}" in why and "recompute" in why
+
+
+# ----------------------------------------------------------------------------- planner vs measured
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_tracker():
+    """The first dispatch-mode op imports torch._dynamo (seconds): pay once, before forking."""
+    with LiveTensorTracker():
+        torch.zeros(1) + 1
+
+
+def _measure(rank, world, rec):
+    """Resident bytes before a forward and the peak above them, on the second step (the
+    first one creates the optimizer state)."""
+    m, micro, seq = rec.model, rec.data.micro_batch_size, rec.data.seq_len
+    gen = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(0, m.vocab_size, (2, micro, seq + 1), generator=gen)
+    with LiveTensorTracker() as mem:
+        model = build_model(m, rec.sharding.activation_checkpoint_layers)
+        engine = ShardedEngine(
+            model, model.units(), model.norm_modules(),
+            init_unit=lambda i: model.init_unit_(i, 0), init_norms=model.init_norms_,
+            device="cpu", param_dtype=DTYPES[rec.train.dtype],
+            reduce_dtype=DTYPES[rec.sharding.reduce_dtype],
+        )  # fmt: skip
+        optimizer = build_optimizer(engine.param_groups(0.1), rec.optim)
+        for step in tokens:  # the loop's step, as in yatrain.train.loop
+            inputs, targets = step[:, :-1].contiguous(), step[:, 1:].contiguous()
+            resident = mem.current
+            mem.reset_peak()
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            loss.backward()
+            engine.reduce_gradients()
+            engine.clip_grad_norm_(1.0)
+            optimizer.step()
+            engine.after_step()
+            del logits, loss
+    return resident, mem.peak - resident
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("layers", [0, SMALL["n_layers"]])
+def test_planner_matches_measured_memory_within_10_percent(world, dtype, layers):
+    rec = small_recipe(dtype, layers)
+    resident, step_peak = run_ranks(world, _measure, rec)[0]  # forked: 1 thread per rank
+    plan = plan_for_layers(rec, world, layers, None, 0)
+    step_parts = ("activations", "logits_and_loss", "backward_workspace")
+    planned_step = sum(plan.breakdown[k] for k in step_parts)
+    planned_resident = plan.tensor_peak_bytes - planned_step
+    assert planned_resident == pytest.approx(resident, rel=0.10)
+    assert planned_step == pytest.approx(step_peak, rel=0.10)
+    assert plan.tensor_peak_bytes == pytest.approx(resident + step_peak, rel=0.10)
+
+
+def test_tracker_counts_live_storages_once():
+    with LiveTensorTracker() as mem:
+        a = torch.zeros(1000)
+        view = a[10:]
+        b = a * 2
+        assert mem.current == 8000 and view.numel() == 990
+        del a, view
+        mem.reset_peak()
+        del b
+        assert mem.current == 0 and mem.peak == 4000
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("plan")(plan_command)
+    app.command("unused")(lambda: None)  # keep "plan" a subcommand
+    return app
+
+
+def test_plan_command_text_and_json():
+    args = ["plan", str(ROOT / "recipes/llama3_70b.yaml"), "--gpus", "256", "--gpu-memory", "80"]
+    text = CliRunner().invoke(_cli(), [*args, "--set", "data.seq_len=2048"])
+    assert text.exit_code == 0, text.output
+    assert "checkpoint the first 17 of 80 layers" in text.output
+    assert "runtime allowance" in text.output and "fits" in text.output
+    out = CliRunner().invoke(_cli(), [*args, "--json", "--runtime-allowance", "3"])
+    payload = json.loads(out.stdout)
+    assert payload.keys() >= {"activation_checkpoint_layers", "peak_bytes_per_gpu", "fits"}
+    assert payload["breakdown"]["runtime_allowance"] == 3 * GIB
+    assert payload["peak_bytes_per_gpu"] == sum(payload["breakdown"].values())
