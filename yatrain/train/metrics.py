@@ -40,13 +40,18 @@ def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
     return measure_matmul_flops(device, dtype), f"measured matmul (cpu {dtype})"
 
 
-def measure_matmul_flops(device: torch.device, dtype: str, size: int = 1024) -> float:
-    """Best of a few square matmuls: the practical peak of this device in this dtype."""
+def measure_matmul_flops(
+    device: torch.device, dtype: str, size: int = 1024, trials: int = 12
+) -> float:
+    """Best of several square matmuls: the practical peak of this device in this dtype.
+
+    Taking the best (not the mean) keeps a busy neighbour from lowering the peak, which
+    would inflate MFU; on a machine that stays loaded it still reads low."""
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     a = torch.randn(size, size, device=device, dtype=torch_dtype)
     b = torch.randn(size, size, device=device, dtype=torch_dtype)
     best = float("inf")
-    for _ in range(4):
+    for _ in range(trials):
         synchronize(device)
         start = time.perf_counter()
         a @ b
