@@ -29,8 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from yatrain.sharding.buffers import Buffer, GradSlot
 from yatrain.sharding.comm import Communicator, Handle, make_communicator
-from yatrain.sharding.layout import FlatLayout, alias
+from yatrain.sharding.layout import alias, plan_layouts
+from yatrain.sharding.materialize import materialize_shards
 
 
 class _BackwardGate(torch.autograd.Function):
@@ -45,28 +47,6 @@ class _BackwardGate(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         ctx.callback()
         return None, grad
-
-
-class _Buffer:
-    """A preallocated flat buffer and the unit whose data it holds (or is receiving)."""
-
-    def __init__(self, data: torch.Tensor, owner: int | None = None, fixed: bool = False):
-        self.data = data
-        self.alias = alias(data)
-        self.owner = owner
-        self.fixed = fixed  # world size 1: the buffer *is* the unit's shard, always valid
-        self.handle: Handle | None = None
-
-
-class _GradSlot:
-    """A gradient buffer, the shard-sized reduce-scatter output, and the last RS using them."""
-
-    def __init__(self, data: torch.Tensor, out: torch.Tensor, staging: torch.Tensor | None):
-        self.data = data
-        self.alias = alias(data)
-        self.out = out
-        self.staging = staging
-        self.handle: Handle | None = None
 
 
 class ShardedEngine:
@@ -114,57 +94,30 @@ class ShardedEngine:
 
     # ------------------------------------------------------------------ construction
     def _materialize(self, units, norms, init_unit, init_norms) -> None:
-        """Create each rank's fp32 master shard one unit at a time, then drop the modules'
-        own parameters: from here on the engine binds views before every use."""
-        offsets, total = [], 0
-        for layout in self.layouts:
-            offsets.append(total)
-            total += layout.shard_numel
-        self.master = torch.zeros(total, dtype=torch.float32, device=self.device)
-        self.unit_master = [
-            self.master.narrow(0, off, lay.shard_numel)
-            for off, lay in zip(offsets, self.layouts, strict=True)
-        ]
-        small_full = torch.zeros(self.small.padded_numel, device=self.device)
-        norm_slots = self.small.slots[: self.n_norm_slots]
-        other_small = self.small.slots[self.n_norm_slots :]
-        for index, unit in enumerate(units):
-            unit.to_empty(device=self.device)
-            init_unit(index)
-            layout = self.layouts[index]
-            start, end = layout.shard_range(self.rank)
-            _copy_slots(layout.slots, self.unit_master[index], start, end)
-            _copy_slots(other_small, small_full, 0, self.small.padded_numel)
-            for slot in [*layout.slots, *other_small]:  # free this unit before the next
-                tensor = getattr(slot.module, slot.attr, None)
-                if tensor is not None and not tensor.is_meta:
-                    delattr(slot.module, slot.attr)
-        for norm in norms:
-            norm.to_empty(device=self.device)
-        init_norms()
-        _copy_slots(norm_slots, small_full, 0, self.small.padded_numel)
-        for slot in norm_slots:
-            delattr(slot.module, slot.attr)
-        start, end = self.small.shard_range(self.rank)
-        self.small_master = small_full[start:end].clone()
-        del small_full
+        """Each rank's fp32 master shards, built one unit at a time (see materialize.py)."""
+        self.master, self.small_master, self.unit_offsets = materialize_shards(
+            self.layouts, self.small, self.n_norm_slots, units, norms,
+            init_unit=init_unit, init_norms=init_norms, device=self.device, rank=self.rank,
+        )  # fmt: skip
+        self.unit_master = self._unit_views(self.master)
 
         # Parameters the optimizer sees: one flat tensor with weight decay, one without.
         self.flat_param = nn.Parameter(self.master)
         self.flat_param.grad = torch.zeros_like(self.master)
         self.small_param = nn.Parameter(self.small_master)
         self.small_param.grad = torch.zeros_like(self.small_master)
-        self.unit_grad = [
-            self.flat_param.grad.narrow(0, off, lay.shard_numel)
-            for off, lay in zip(offsets, self.layouts, strict=True)
-        ]
+        self.unit_grad = self._unit_views(self.flat_param.grad)
         # The copy used as all-gather input: the master itself in fp32, else a cast copy.
         same = self.param_dtype == torch.float32
         self.compute = self.master if same else self.master.to(self.param_dtype)
         self.small_compute = self.small_master if same else self.small_master.to(self.param_dtype)
-        self.unit_compute = [
-            self.compute.narrow(0, off, lay.shard_numel)
-            for off, lay in zip(offsets, self.layouts, strict=True)
+        self.unit_compute = self._unit_views(self.compute)
+
+    def _unit_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each unit's shard inside a tensor laid out like the flat master."""
+        return [
+            flat.narrow(0, off, lay.shard_numel)
+            for off, lay in zip(self.unit_offsets, self.layouts, strict=True)
         ]
 
     def _allocate_buffers(self) -> None:
@@ -172,29 +125,29 @@ class ShardedEngine:
         last = self.n_units - 1
         edges = sorted({0, last})
         inner = [i for i in range(self.n_units) if i not in edges]
-        self.buffer_of: list[_Buffer] = [None] * self.n_units  # type: ignore[list-item]
-        self.slot_of: list[_GradSlot | None] = [None] * self.n_units
+        self.buffer_of: list[Buffer] = [None] * self.n_units  # type: ignore[list-item]
+        self.slot_of: list[GradSlot | None] = [None] * self.n_units
         grads_direct = self.direct and pdt == torch.float32
         needs_staging = not self.direct and pdt != self.reduce_dtype
 
         def empty(n: int, dtype=pdt) -> torch.Tensor:
             return torch.zeros(n, dtype=dtype, device=dev)
 
-        def make_slot(n: int, shard: int) -> _GradSlot:
+        def make_slot(n: int, shard: int) -> GradSlot:
             staging = empty(n, self.reduce_dtype) if needs_staging else None
-            return _GradSlot(empty(n), empty(shard, self.reduce_dtype), staging)
+            return GradSlot(empty(n), empty(shard, self.reduce_dtype), staging)
 
         if self.direct:  # world size 1: every unit computes straight from its own shard
             for i in range(self.n_units):
-                self.buffer_of[i] = _Buffer(self.unit_compute[i], owner=i, fixed=True)
+                self.buffer_of[i] = Buffer(self.unit_compute[i], owner=i, fixed=True)
         else:
             edge_n = max(self.layouts[i].padded_numel for i in edges)
-            edge = _Buffer(empty(edge_n))
+            edge = Buffer(empty(edge_n))
             for i in edges:
                 self.buffer_of[i] = edge
             if inner:
                 inner_n = max(self.layouts[i].padded_numel for i in inner)
-                ring = [_Buffer(empty(inner_n)) for _ in range(self.prefetch_depth + 1)]
+                ring = [Buffer(empty(inner_n)) for _ in range(self.prefetch_depth + 1)]
                 for j, i in enumerate(inner):
                     self.buffer_of[i] = ring[j % len(ring)]
         if not grads_direct:
@@ -428,14 +381,7 @@ class ShardedEngine:
         pieces = {}
         layouts = [*self.layouts, self.small]
         names = [f"unit.{i}" for i in range(self.n_units)] + ["small"]
-        offsets = [
-            shard.storage_offset() - self.master.storage_offset() for shard in self.unit_master
-        ]
-        views = [
-            flat.narrow(0, off, lay.shard_numel)
-            for off, lay in zip(offsets, self.layouts, strict=True)
-        ]
-        views.append(small)
+        views = [*self._unit_views(flat), small]
         for name, layout, view in zip(names, layouts, views, strict=True):
             start, _ = layout.shard_range(self.rank)
             real = max(0, min(layout.shard_numel, layout.numel - start))
@@ -458,51 +404,3 @@ class ShardedEngine:
             for slot, view in zip(layout.slots, layout.views(full), strict=True):
                 result[slot.name] = view.detach().cpu().clone()
         return result
-
-
-def _copy_slots(slots, dest: torch.Tensor, start: int, end: int) -> None:
-    """Copy the part of each materialised parameter that falls in [start, end) of the layout."""
-    for slot in slots:
-        tensor = getattr(slot.module, slot.attr, None)
-        if tensor is None or tensor.is_meta:
-            continue
-        lo, hi = max(start, slot.offset), min(end, slot.offset + slot.numel)
-        if lo < hi:
-            flat = tensor.detach().reshape(-1)[lo - slot.offset : hi - slot.offset]
-            dest[lo - start : hi - start].copy_(flat)
-
-
-def plan_layouts(
-    model: nn.Module, units: Sequence[nn.Module], norms: Sequence[nn.Module], world_size: int
-) -> tuple[list[FlatLayout], FlatLayout, int]:
-    """Unit layouts (weights of rank >= 2) and the small group: norms first, then any other
-    1-D tensor (biases); also returns how many small-group slots belong to norms."""
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    seen: set[int] = set()
-
-    def collect(
-        module: nn.Module, skip: set[int]
-    ) -> list[tuple[str, nn.Module, str, torch.Tensor]]:
-        found = []
-        for sub in module.modules():
-            for attr, param in sub.named_parameters(recurse=False):
-                if id(param) in skip:
-                    continue
-                if id(param) in seen:
-                    raise ValueError(f"parameter {names.get(id(param))} is shared; not supported")
-                seen.add(id(param))
-                found.append((names.get(id(param), attr), sub, attr, param))
-        return found
-
-    small = [entry for norm in norms for entry in collect(norm, set())]
-    norm_ids = {id(entry[3]) for entry in small}
-    per_unit, one_dim = [], []
-    for unit in units:
-        params = collect(unit, norm_ids)
-        per_unit.append([e for e in params if e[3].ndim >= 2])
-        one_dim.extend(e for e in params if e[3].ndim < 2)
-    layouts = [FlatLayout.from_params(p, world_size) for p in per_unit]
-    for index, layout in enumerate(layouts):
-        if not layout.slots:
-            raise ValueError(f"unit {index} has no weights outside the norm group")
-    return layouts, FlatLayout.from_params(small + one_dim, world_size), len(small)

@@ -9,6 +9,7 @@ buffer currently holds the unit: a gather buffer, a gradient buffer, or a rank's
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -71,3 +72,39 @@ def alias(buffer: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=buffer.dtype, device=buffer.device).set_(
         buffer.untyped_storage(), buffer.storage_offset(), buffer.shape, buffer.stride()
     )
+
+
+def plan_layouts(
+    model: nn.Module, units: Sequence[nn.Module], norms: Sequence[nn.Module], world_size: int
+) -> tuple[list[FlatLayout], FlatLayout, int]:
+    """Unit layouts (weights of rank >= 2) and the small group: norms first, then any other
+    1-D tensor (biases); also returns how many small-group slots belong to norms."""
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    seen: set[int] = set()
+
+    def collect(
+        module: nn.Module, skip: set[int]
+    ) -> list[tuple[str, nn.Module, str, torch.Tensor]]:
+        found = []
+        for sub in module.modules():
+            for attr, param in sub.named_parameters(recurse=False):
+                if id(param) in skip:
+                    continue
+                if id(param) in seen:
+                    raise ValueError(f"parameter {names.get(id(param))} is shared; not supported")
+                seen.add(id(param))
+                found.append((names.get(id(param), attr), sub, attr, param))
+        return found
+
+    small = [entry for norm in norms for entry in collect(norm, set())]
+    norm_ids = {id(entry[3]) for entry in small}
+    per_unit, one_dim = [], []
+    for unit in units:
+        params = collect(unit, norm_ids)
+        per_unit.append([e for e in params if e[3].ndim >= 2])
+        one_dim.extend(e for e in params if e[3].ndim < 2)
+    layouts = [FlatLayout.from_params(p, world_size) for p in per_unit]
+    for index, layout in enumerate(layouts):
+        if not layout.slots:
+            raise ValueError(f"unit {index} has no weights outside the norm group")
+    return layouts, FlatLayout.from_params(small + one_dim, world_size), len(small)

@@ -20,7 +20,7 @@ from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models import hf
 from yatrain.models.llama import Llama, build_model
-from yatrain.sharding.engine import plan_layouts
+from yatrain.sharding.layout import plan_layouts
 from yatrain.train import checkpoint as ckpt
 
 SHARD_BYTES = 4 * 2**30

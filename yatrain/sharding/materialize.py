@@ -1,0 +1,71 @@
+"""Build each rank's fp32 master shards from a meta-device model, one unit at a time.
+
+Every rank materialises one unit, lets the caller initialise it (deterministically per unit,
+so the values do not depend on the world size), keeps only its own slice, and frees the unit
+before the next: the full model never exists anywhere. Norms (and other 1-D tensors) form
+the small group, which is small enough to assemble in full before slicing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from yatrain.sharding.layout import FlatLayout
+
+
+def materialize_shards(
+    layouts: list[FlatLayout],
+    small: FlatLayout,
+    n_norm_slots: int,
+    units: Sequence[nn.Module],
+    norms: Sequence[nn.Module],
+    *,
+    init_unit: Callable[[int], None],
+    init_norms: Callable[[], None],
+    device: torch.device,
+    rank: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(flat master of all unit shards, small-group master shard, each unit's offset).
+
+    Afterwards the modules hold no parameters: the engine binds views before every use."""
+    offsets, total = [], 0
+    for layout in layouts:
+        offsets.append(total)
+        total += layout.shard_numel
+    master = torch.zeros(total, dtype=torch.float32, device=device)
+    small_full = torch.zeros(small.padded_numel, device=device)
+    norm_slots, other_small = small.slots[:n_norm_slots], small.slots[n_norm_slots:]
+    for index, unit in enumerate(units):
+        unit.to_empty(device=device)
+        init_unit(index)
+        layout = layouts[index]
+        start, end = layout.shard_range(rank)
+        _copy_slots(layout.slots, master.narrow(0, offsets[index], layout.shard_numel), start, end)
+        _copy_slots(other_small, small_full, 0, small.padded_numel)
+        for slot in [*layout.slots, *other_small]:  # free this unit before the next
+            tensor = getattr(slot.module, slot.attr, None)
+            if tensor is not None and not tensor.is_meta:
+                delattr(slot.module, slot.attr)
+    for norm in norms:
+        norm.to_empty(device=device)
+    init_norms()
+    _copy_slots(norm_slots, small_full, 0, small.padded_numel)
+    for slot in norm_slots:
+        delattr(slot.module, slot.attr)
+    start, end = small.shard_range(rank)
+    return master, small_full[start:end].clone(), offsets
+
+
+def _copy_slots(slots, dest: torch.Tensor, start: int, end: int) -> None:
+    """Copy the part of each materialised parameter that falls in [start, end) of the layout."""
+    for slot in slots:
+        tensor = getattr(slot.module, slot.attr, None)
+        if tensor is None or tensor.is_meta:
+            continue
+        lo, hi = max(start, slot.offset), min(end, slot.offset + slot.numel)
+        if lo < hi:
+            flat = tensor.detach().reshape(-1)[lo - slot.offset : hi - slot.offset]
+            dest[lo - start : hi - start].copy_(flat)
