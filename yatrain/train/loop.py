@@ -287,7 +287,11 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
 
             every = cfg.checkpoint.every
             if (every and step % every == 0) or step == total or stop:
+                saving = time.perf_counter()
                 last_ckpt = save(step)
+                window_start += time.perf_counter() - saving  # saves are not step time
+                if runtime.is_main:
+                    say(f"saved {last_ckpt} in {time.perf_counter() - saving:.1f}s", bar)
             if stop:
                 raise Interrupted(
                     f"stopped by {guard.signal_name} at step {step}; checkpoint saved in "
