@@ -67,12 +67,9 @@ def reference(data: torch.Tensor, clip: float, ckpt: int = 0):
 
 def train_sharded(rank, world, data, micro, clip, ckpt, dtype="fp32", reduce="fp32", depth=1):
     model = build_model(CFG, ckpt)
-    engine = ShardedEngine(
-        model, model.units(), model.norm_modules(),
-        init_unit=lambda i: model.init_unit_(i, SEED), init_norms=model.init_norms_,
-        device="cpu", param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce],
-        prefetch_depth=depth,
-    )  # fmt: skip
+    engine = engine_for(
+        model, param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce], prefetch_depth=depth
+    )
     opt = optimizer_for(engine.param_groups(0.1))
     per_rank = data.shape[1] // world
     losses = []
@@ -91,6 +88,15 @@ def train_sharded(rank, world, data, micro, clip, ckpt, dtype="fp32", reduce="fp
             torch.distributed.all_reduce(total)
         losses.append(total.item() / (world * per_rank // micro))
     return losses, engine.full_state_dict()
+
+
+def engine_for(model, **kwargs) -> ShardedEngine:
+    """The engine over a meta-device Llama, initialised from SEED, on the CPU."""
+    return ShardedEngine(
+        model, model.units(), model.norm_modules(),
+        init_unit=lambda i: model.init_unit_(i, SEED), init_norms=model.init_norms_,
+        device="cpu", **kwargs,
+    )  # fmt: skip
 
 
 def max_rel(a: list[float], b: list[float]) -> float:
@@ -145,10 +151,7 @@ def test_prefetch_depth_two_is_exact():
 
 def _eval_then_train(rank, world):
     model = build_model(CFG)
-    engine = ShardedEngine(
-        model, model.units(), model.norm_modules(),
-        init_unit=lambda i: model.init_unit_(i, SEED), init_norms=model.init_norms_, device="cpu",
-    )  # fmt: skip
+    engine = engine_for(model)
     tokens = batches(2, steps=1)[0]
     with torch.no_grad():
         before = loss_of(model, tokens).item()
@@ -171,10 +174,7 @@ def test_no_grad_forward_between_training_steps():
 
 def _parameters_live_in_engine_buffers(rank, world):
     model = build_model(CFG)
-    engine = ShardedEngine(
-        model, model.units(), model.norm_modules(),
-        init_unit=lambda i: model.init_unit_(i, SEED), init_norms=model.init_norms_, device="cpu",
-    )  # fmt: skip
+    engine = engine_for(model)
     owned = {engine.small_buffer.untyped_storage().data_ptr()}
     owned |= {b.data.untyped_storage().data_ptr() for b in engine.buffer_of}
     seen = set()
@@ -224,11 +224,7 @@ def _step_allocations(rank, world, n_layers, sharded):
     cfg = dataclasses.replace(CFG, n_layers=n_layers)
     model = build_model(cfg)
     if sharded:
-        engine = ShardedEngine(
-            model, model.units(), model.norm_modules(),
-            init_unit=lambda i: model.init_unit_(i, SEED), init_norms=model.init_norms_,
-            device="cpu",
-        )  # fmt: skip
+        engine = engine_for(model)
     else:
         materialize(model, "cpu", SEED)
     per_step = []
