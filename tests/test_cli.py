@@ -80,7 +80,6 @@ def test_two_ranks_under_torchrun_match_one_process(small_data, isolated_env, tm
         (["pretrain", "recipes/tiny.yaml", "--set", "model.n_layer=2"], "did you mean"),
         (["pretrain", "recipes/tiny.yaml", "--set", "model.dim=250"], "model.dim"),
         (["pretrain", "recipes/nope.yaml"], "nope.yaml"),
-        (["pretrain", "recipes/tiny.yaml", "--resume", "/nonexistent/step-3"], "step-3"),
         (["pretrain", "recipes/tiny.yaml", "--set", "data.path=/nonexistent"], "prepare-data"),
         (
             ["prepare-data", "--output", "x", "--input", "/nonexistent", "--vocab-size", "300"],
@@ -105,13 +104,26 @@ def test_vocab_smaller_than_tokenizer_is_refused(small_data, isolated_env, tmp_p
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def test_existing_run_dir_is_not_overwritten(small_data, isolated_env, tmp_path):
+def test_existing_run_dir_is_never_overwritten(small_data, isolated_env, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
-    result = yatrain(*pretrain_args(small_data, run_dir, "--steps", "1"), env=isolated_env)
+    args = pretrain_args(small_data, run_dir, "--steps", "1")
+    result = yatrain(*args, "--resume", "never", env=isolated_env)
     assert result.returncode == 2 and "already holds a run" in result.stderr
     assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    # auto with no checkpoint to resume: starts over, keeping the old metrics aside
+    result = yatrain(*args, env=isolated_env)
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "metrics-before-restart-1.jsonl").read_text() == '{"step": 1}\n'
+    assert read_metrics(run_dir)[0]["step"] == 1
+
+
+def test_resume_from_a_missing_checkpoint_is_one_line(small_data, isolated_env, tmp_path):
+    args = pretrain_args(small_data, tmp_path / "run", "--resume", str(tmp_path / "step-3"))
+    result = yatrain(*args, env=isolated_env)
+    assert result.returncode == 2 and "step-3" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_help_has_examples(isolated_env):

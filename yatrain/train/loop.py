@@ -175,7 +175,9 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(recipe_text)
-        truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        moved = truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        if moved is not None:
+            say(f"{run_dir} had metrics but no checkpoint: kept them as {moved.name}")
         metrics_file = MetricsFile(run_dir / "metrics.jsonl")
         wandb = WandbLogger(cfg.logging.wandb, run_dir, recipe_dict, run_dir.name)
     peak, peak_source = peak_flops(device, cfg.train.dtype)

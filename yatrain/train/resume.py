@@ -41,10 +41,19 @@ def check_fresh_start_allowed(run_dir: Path, resume: str) -> None:
         )
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records after the resumed step so the file reads as one uninterrupted run."""
+def truncate_metrics(path: Path, last_step: int) -> Path | None:
+    """Drop records after the resumed step so the file reads as one uninterrupted run.
+
+    Starting from step 0 over an existing file (a run that died before its first
+    checkpoint) keeps the old file under a new name instead; returns that name."""
     if not path.exists():
-        return
+        return None
+    if last_step == 0:
+        number = 1
+        while (kept := path.with_name(f"metrics-before-restart-{number}.jsonl")).exists():
+            number += 1
+        os.replace(path, kept)
+        return kept
     kept = []
     for line in path.read_text().splitlines():
         try:
@@ -55,3 +64,4 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept))
     os.replace(tmp, path)
+    return None
