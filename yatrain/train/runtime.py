@@ -65,7 +65,28 @@ def init_runtime(timeout_s: float = 600.0) -> Runtime:
     owns = False
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = timedelta(seconds=timeout_s)
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+        store = _elastic_store(world_size, timeout)
+        if store is not None:
+            kwargs.update(store=store, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
         owns = True
     return Runtime(rank, world_size, local_rank, device, owns)
+
+
+def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store | None:
+    """Under torchrun's agent store, a key space of our own for each restart attempt.
+
+    The agent's store can outlive a failed attempt; the process group's rendezvous keys
+    (each rank's address) would then still hold the dead workers' addresses, and a
+    restarted rank can read one before it is overwritten and wait on a dead peer. A prefix
+    with the restart count makes every attempt start from empty keys."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=False, timeout=timeout,
+    )  # fmt: skip
+    return dist.PrefixStore(f"yatrain/attempt_{attempt}", agent)
