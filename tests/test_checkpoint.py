@@ -148,6 +148,13 @@ def test_non_finite_steps_can_be_skipped_and_counted(small_data, tmp_path):
     assert summary["steps"] == 6 and summary["skipped_steps"] > 0
 
 
+def test_checkpoints_can_be_disabled(small_data, tmp_path):
+    run_dir = tmp_path / "run"
+    train(small_data, run_dir, 3, "checkpoint.enabled=false")
+    assert not (run_dir / "checkpoints").exists()
+    assert list(losses(run_dir)) == [1, 2, 3]
+
+
 def test_user_errors_are_yatrain_errors():
     assert issubclass(ckpt.CheckpointError, YatrainError)
 

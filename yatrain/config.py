@@ -113,6 +113,7 @@ class CheckpointConfig:
     dir: str = "checkpoints"  # relative to the run dir
     every: int = _limit(0, ge=0)  # save every N steps; 0 = only at the end
     keep: int = _limit(2, ge=1)  # how many recent checkpoints to keep
+    enabled: bool = True  # false: never save (measurement runs such as sweeps)
 
 
 @dataclass(kw_only=True)

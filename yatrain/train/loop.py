@@ -288,16 +288,22 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
                 window_start, window_steps, data_wait = time.perf_counter(), 0, 0.0
 
             every = cfg.checkpoint.every
-            if (every and step % every == 0) or step == total or stop:
+            due = (every and step % every == 0) or step == total or stop
+            if due and cfg.checkpoint.enabled:
                 saving = time.perf_counter()
                 last_ckpt = save(step)
                 window_start += time.perf_counter() - saving  # saves are not step time
                 if runtime.is_main:
                     say(f"saved {last_ckpt} in {time.perf_counter() - saving:.1f}s", bar)
             if stop:
+                saved = (
+                    f"checkpoint saved in {last_ckpt}"
+                    if cfg.checkpoint.enabled
+                    else ("no checkpoint (checkpoint.enabled is false)")
+                )
                 raise Interrupted(
-                    f"stopped by {guard.signal_name} at step {step}; checkpoint saved in "
-                    f"{last_ckpt}: continue with --run-dir {run_dir} (--resume auto)"
+                    f"stopped by {guard.signal_name} at step {step}; {saved}: continue with "
+                    f"--run-dir {run_dir} (--resume auto)"
                 )
         summary = run_summary(
             records, time.perf_counter() - run_start, run_dir, cfg.train.dtype, runtime.world_size
