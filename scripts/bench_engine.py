@@ -283,23 +283,19 @@ def _ddp_allreduce_hook(state, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def build_ddp(o: dict, device: torch.device) -> Trainer:
-    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
-    ids = [device.index] if device.type == "cuda" else None
-    ddp = DistributedDataParallel(model, device_ids=ids)
-    ddp.register_comm_hook(None, _ddp_allreduce_hook)
+def _replicated_trainer(model, run, device: torch.device, cast, no_sync=None) -> Trainer:
+    """Step of a replicated model (bare or DDP): the same AdamW, clipping and averaging;
+    ``no_sync`` (DDP) skips the all-reduce on all but the last micro-batch."""
     opt = bare_adamw(decay_groups(model, WEIGHT_DECAY), LR, betas=BETAS, eps=EPS)
     params = list(model.parameters())
-    cast = DTYPES[o["dtype"]]
 
     def step(micros):
         total = torch.zeros((), device=device)
         for i, (x, y) in enumerate(micros):
-            last = i == len(micros) - 1
-            ctx = ddp.no_sync() if not last else contextlib.nullcontext()
-            with ctx:
+            defer = no_sync is not None and i < len(micros) - 1
+            with no_sync() if defer else contextlib.nullcontext():
                 with autocast_context(device, cast):
-                    loss = _xent(ddp(x), y)
+                    loss = _xent(run(x), y)
                 (loss / len(micros)).backward()
             total += loss.detach()
         torch.nn.utils.clip_grad_norm_(params, CLIP, foreach=True)
@@ -310,25 +306,17 @@ def build_ddp(o: dict, device: torch.device) -> Trainer:
     return Trainer(step, extra={"optimizer": "AdamW" + _opt_kind(opt)})
 
 
+def build_ddp(o: dict, device: torch.device) -> Trainer:
+    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=ids)
+    ddp.register_comm_hook(None, _ddp_allreduce_hook)
+    return _replicated_trainer(model, ddp, device, DTYPES[o["dtype"]], no_sync=ddp.no_sync)
+
+
 def build_bare(o: dict, device: torch.device) -> Trainer:
     model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
-    opt = bare_adamw(decay_groups(model, WEIGHT_DECAY), LR, betas=BETAS, eps=EPS)
-    params = list(model.parameters())
-    cast = DTYPES[o["dtype"]]
-
-    def step(micros):
-        total = torch.zeros((), device=device)
-        for x, y in micros:
-            with autocast_context(device, cast):
-                loss = _xent(model(x), y)
-            (loss / len(micros)).backward()
-            total += loss.detach()
-        torch.nn.utils.clip_grad_norm_(params, CLIP, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return total / len(micros)
-
-    return Trainer(step, extra={"optimizer": "AdamW" + _opt_kind(opt)})
+    return _replicated_trainer(model, model, device, DTYPES[o["dtype"]])
 
 
 BUILDERS = {"yatrain": build_yatrain, "fsdp2": build_fsdp2, "ddp": build_ddp, "bare": build_bare}
