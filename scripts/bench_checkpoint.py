@@ -53,8 +53,7 @@ def main() -> None:
             )  # fmt: skip
             saves.append(time.perf_counter() - start)
             start = time.perf_counter()
-            numels = [lay.numel for lay in engine.layouts] + [engine.small.numel]
-            ckpt.validate_checkpoint(path, cfg.model, numels)  # sizes and checksums
+            ckpt.validate_checkpoint(path, cfg.model, engine.unit_numels)  # sizes and checksums
             ckpt.load_checkpoint(path, engine, optimizer, None)
             loads.append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in path.iterdir())

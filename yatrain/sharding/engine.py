@@ -31,7 +31,7 @@ from torch import nn
 
 from yatrain.sharding.buffers import Buffer, GradSlot
 from yatrain.sharding.comm import Communicator, Handle, make_communicator
-from yatrain.sharding.layout import alias, plan_layouts
+from yatrain.sharding.layout import alias, flat_numels, plan_layouts
 from yatrain.sharding.materialize import materialize_shards
 
 
@@ -129,6 +129,7 @@ class ShardedEngine:
         self.slot_of: list[GradSlot | None] = [None] * self.n_units
         grads_direct = self.direct and pdt == torch.float32
         needs_staging = not self.direct and pdt != self.reduce_dtype
+        self._staging: Handle | None = None  # the last reduce-scatter that used staging
 
         def empty(n: int, dtype=pdt) -> torch.Tensor:
             return torch.zeros(n, dtype=dtype, device=dev)
@@ -309,8 +310,6 @@ class ShardedEngine:
         slot.handle = handle
         self.pending.append(handle)
 
-    _staging: Handle | None = None
-
     # ------------------------------------------------------------------ the step
     def reduce_gradients(self) -> None:
         """Finish every reduction of this step and average over ranks and micro-batches."""
@@ -387,6 +386,11 @@ class ShardedEngine:
             real = max(0, min(layout.shard_numel, layout.numel - start))
             pieces[name] = (view[:real], layout.numel)
         return pieces
+
+    @property
+    def unit_numels(self) -> list[int]:
+        """Each unit's real length, then the small group's: a checkpoint's shape."""
+        return flat_numels(self.layouts, self.small)
 
     @property
     def bytes_sent(self) -> int:

@@ -132,7 +132,7 @@ def save_checkpoint(
             "yatrain_version": __version__,
             "step": step,
             "world_size_at_save": engine.world_size,
-            "unit_numels": [layout.numel for layout in engine.layouts] + [engine.small.numel],
+            "unit_numels": engine.unit_numels,
             "files": files,
             **meta,
         }

@@ -122,7 +122,7 @@ def _device_mesh(runtime: Runtime):
 
 def _find_resume(runtime, resume: str, root: Path, cfg: Recipe, engine) -> tuple[Path, dict] | None:
     """Rank 0 inspects the files and decides; every rank gets the same answer or error."""
-    numels = [lay.numel for lay in engine.layouts] + [engine.small.numel]
+    numels = engine.unit_numels
     answer: object = None
     if runtime.is_main and resume != "never":
         try:

@@ -31,10 +31,6 @@ class Runtime:
     def distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized()
 
-    def barrier(self) -> None:
-        if self.distributed:
-            dist.barrier()
-
     def broadcast_object(self, obj):
         """Rank 0's value everywhere (e.g. a run directory chosen by the clock)."""
         if not self.distributed:

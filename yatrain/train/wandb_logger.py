@@ -53,10 +53,6 @@ class WandbLogger:
             settings=wandb.Settings(silent=True, console="off"),
         )
 
-    @property
-    def run_path(self) -> str | None:
-        return None if self.run is None else str(Path(self.run.dir).parent)
-
     def log(self, metrics: dict, step: int) -> None:
         if self.run is not None:
             self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)

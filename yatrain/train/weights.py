@@ -20,7 +20,7 @@ from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models import hf
 from yatrain.models.llama import Llama, build_model
-from yatrain.sharding.layout import plan_layouts
+from yatrain.sharding.layout import flat_numels, plan_layouts
 from yatrain.train import checkpoint as ckpt
 
 SHARD_BYTES = 4 * 2**30
@@ -41,7 +41,7 @@ def _checkpoint_manifest(path: Path) -> tuple[dict, ModelConfig]:
     manifest = json.loads(manifest_path.read_text())
     cfg = ModelConfig(**manifest["model"])
     layouts, small = _layouts(cfg)
-    ckpt.validate_checkpoint(path, cfg, [lay.numel for lay in layouts] + [small.numel])
+    ckpt.validate_checkpoint(path, cfg, flat_numels(layouts, small))
     return manifest, cfg
 
 
