@@ -140,7 +140,9 @@ def test_plan_command_through_the_cli(isolated_env):
     result = yatrain("plan", "recipes/llama3_8b.yaml", "--gpus", "8", "--json", env=isolated_env)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
-    assert payload["fits"] and payload["activation_checkpoint_layers"] >= 0
+    # 8 layers would need 80.85 GiB of the assumed 80 GiB; 9 need 79.38 GiB.
+    assert payload["fits"] and payload["activation_checkpoint_layers"] == 9
+    assert payload["peak_bytes_per_gpu"] == pytest.approx(79.38 * 2**30, rel=1e-3)
 
 
 def test_auto_checkpoint_layers_is_resolved_and_logged(small_data, isolated_env, tmp_path):
