@@ -6,4 +6,5 @@ bash scripts/setup.sh
 VENV=${YATRAIN_VENV:-.venv}
 "$VENV/bin/ruff" check yatrain tests scripts
 "$VENV/bin/ruff" format --check yatrain tests scripts
+"$VENV/bin/lint-imports"  # the package layering in pyproject.toml
 exec "$VENV/bin/python" -m pytest "$@"

@@ -20,23 +20,24 @@ import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
+from yatrain.common import DTYPES
 from yatrain.config import Recipe, check_vocab, recipe_to_dict, validate_world_size
 from yatrain.data import GlobalBatchLoader, Tokenizer, TokenShards
 from yatrain.errors import DataError, Interrupted, TrainingError
 from yatrain.models.llama import build_model, flops_per_token
+from yatrain.plan import resolve_auto_checkpoint_layers
 from yatrain.sharding.engine import ShardedEngine
 from yatrain.train import checkpoint as ckpt
 from yatrain.train.guard import StepGuard
-from yatrain.train.metrics import MetricsFile, PeakMemory, peak_flops, synchronize
+from yatrain.train.metrics import PeakMemory, peak_flops, synchronize
 from yatrain.train.optim import build_optimizer, set_lr
-from yatrain.train.report import format_summary, log_line, metrics_record, run_summary, say
+from yatrain.train.record import MetricsFile, MetricsRecord
+from yatrain.train.report import format_summary, log_line, run_summary, say
 from yatrain.train.resume import check_fresh_start_allowed, run_dir_for, truncate_metrics
 from yatrain.train.runtime import Runtime, init_runtime
 from yatrain.train.schedule import lr_at
 from yatrain.train.wandb_logger import WandbLogger
 from yatrain.train.weights import init_from_source
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def pretrain(
@@ -83,11 +84,9 @@ def _checkpoint_layers(cfg: Recipe, runtime: Runtime) -> int:
     layers = cfg.sharding.activation_checkpoint_layers
     if layers != "auto":
         return layers
-    from yatrain.plan.memory import resolve_auto_checkpoint_layers
-
     layers, why = resolve_auto_checkpoint_layers(cfg, runtime.world_size, runtime.device)
     if runtime.is_main:
-        say(f"sharding.activation_checkpoint_layers auto -> {layers}: {why}")
+        say(why)
     return layers
 
 
@@ -224,7 +223,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
         dynamic_ncols=True,
         file=sys.stderr,
     )
-    records: list[dict] = []
+    records: list[MetricsRecord] = []
     run_start = window_start = time.perf_counter()
     window_steps, data_wait = 0, 0.0
     try:
@@ -271,7 +270,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
                     dist.all_reduce(loss_mean)
                     loss_mean /= runtime.world_size
                 synchronize(device)
-                record = metrics_record(
+                record = MetricsRecord.measure(
                     step=step, loss=loss_mean.item(), lr=lr, grad_norm=grad_norm.item(),
                     tokens_per_step=loader.tokens_per_step,
                     window_s=time.perf_counter() - window_start, window_steps=window_steps,
@@ -282,8 +281,8 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
                 records.append(record)
                 if runtime.is_main:
                     metrics_file.write(record)
-                    wandb.log(record, step=step)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", mfu=f"{record['mfu']:.1%}")
+                    wandb.log(record.to_json(), step=step)
+                    bar.set_postfix(loss=f"{record.loss:.4f}", mfu=f"{record.mfu:.1%}")
                     say(log_line(record), bar)
                 window_start, window_steps, data_wait = time.perf_counter(), 0, 0.0
 

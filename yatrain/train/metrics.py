@@ -15,11 +15,12 @@ platform offers neither.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
 import torch
+
+from yatrain.common import DTYPES
 
 # Dense peak FLOP/s per device (vendor data sheets, SXM parts, no sparsity).
 PEAK_FLOPS = {
@@ -47,9 +48,8 @@ def measure_matmul_flops(
 
     Taking the best (not the mean) keeps a busy neighbour from lowering the peak, which
     would inflate MFU; on a machine that stays loaded it still reads low."""
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a = torch.randn(size, size, device=device, dtype=torch_dtype)
-    b = torch.randn(size, size, device=device, dtype=torch_dtype)
+    a = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
+    b = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
     best = float("inf")
     for _ in range(trials):
         synchronize(device)
@@ -98,17 +98,3 @@ def _vm_hwm_bytes() -> int | None:
     except OSError:
         return None
     return None
-
-
-class MetricsFile:
-    """``metrics.jsonl``: one JSON object per logged step, flushed as it is written."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
