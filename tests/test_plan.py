@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import ROOT
 from distributed import run_ranks
 from typer.testing import CliRunner
@@ -26,8 +25,9 @@ from yatrain.plan import (
     plan_memory,
     resolve_auto_checkpoint_layers,
 )
-from yatrain.sharding.engine import ShardedEngine
+from yatrain.sharding import ShardedEngine
 from yatrain.train.optim import build_optimizer
+from yatrain.train.step import train_step
 
 SMALL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=256)
 
@@ -151,25 +151,16 @@ def _measure(rank, world, rec):
     tokens = torch.randint(0, m.vocab_size, (2, micro, seq + 1), generator=gen)
     with LiveTensorTracker() as mem:
         model = build_model(m, rec.sharding.activation_checkpoint_layers)
-        engine = ShardedEngine(
-            model, model.units(), model.norm_modules(),
-            init_unit=lambda i: model.init_unit_(i, 0), init_norms=model.init_norms_,
-            device="cpu", param_dtype=DTYPES[rec.train.dtype],
+        engine = ShardedEngine.from_model(
+            model, device="cpu", param_dtype=DTYPES[rec.train.dtype],
             reduce_dtype=DTYPES[rec.sharding.reduce_dtype],
         )  # fmt: skip
         optimizer = build_optimizer(engine.param_groups(0.1), rec.optim)
-        for step in tokens:  # the loop's step, as in yatrain.train.loop
+        for step in tokens:  # the loop's step
             inputs, targets = step[:, :-1].contiguous(), step[:, 1:].contiguous()
             resident = mem.current
             mem.reset_peak()
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            loss.backward()
-            engine.reduce_gradients()
-            engine.clip_grad_norm_(1.0)
-            optimizer.step()
-            engine.after_step()
-            del logits, loss
+            train_step(model, engine, optimizer, [(inputs, targets)], grad_clip=1.0)
     return resident, mem.peak - resident
 
 

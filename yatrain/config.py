@@ -215,6 +215,11 @@ def recipe_to_dict(r: Recipe) -> dict:
     return dataclasses.asdict(r)
 
 
+def recipe_to_yaml(r: Recipe) -> str:
+    """The fully resolved recipe as YAML, keys in schema order (a run's config.yaml)."""
+    return yaml.safe_dump(recipe_to_dict(r), sort_keys=False)
+
+
 def _build(cls: type, d: Any, prefix: str) -> Any:
     """Instantiate dataclass cls from mapping d, checking keys, types and ranges."""
     where = prefix.rstrip(".") or "the recipe"

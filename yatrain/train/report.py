@@ -1,10 +1,6 @@
-"""Turn a logging window's measurements into the metrics record, log line and summary."""
+"""A run in words: the console line of a logged step and the end-of-run summary."""
 
 from __future__ import annotations
-
-import sys
-
-from tqdm import tqdm
 
 from yatrain.common import format_bytes
 from yatrain.train.record import MetricsRecord, largest_peak_memory, steady_means
@@ -51,10 +47,3 @@ def format_summary(summary: dict) -> str:
     width = max(len(k) for k, _ in rows)
     rule = "-" * (width + 3 + max(len(v) for _, v in rows))
     return "\n".join([rule, *(f"{k.ljust(width)} | {v}" for k, v in rows), rule])
-
-
-def say(message: str, bar: tqdm | None = None) -> None:
-    if bar is not None and not bar.disable:
-        bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr, flush=True)
