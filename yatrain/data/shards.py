@@ -126,16 +126,10 @@ def prepare_data(
     return manifest
 
 
-def _build(
-    tmp: Path,
-    paths: list[Path],
-    tokenizer: Path | None,
-    vocab_size: int | None,
-    shard_tokens: int,
-    progress: bool,
-) -> dict:
-    """Fill ``tmp`` with tokenizer, token files and manifest; returns the manifest."""
-    model = tmp / TOKENIZER
+def _install_tokenizer(
+    model: Path, paths: list[Path], tokenizer: Path | None, vocab_size: int | None, progress: bool
+) -> Tokenizer:
+    """Copy the given tokenizer model to ``model``, or train one there on ``paths``."""
     if vocab_size is not None:
         start = time.perf_counter()
         if progress:
@@ -146,7 +140,19 @@ def _build(
     else:
         Tokenizer(tokenizer)  # fail early, with a clear message, on a bad model
         shutil.copyfile(tokenizer, model)
-    tok = Tokenizer(model)
+    return Tokenizer(model)
+
+
+def _build(
+    tmp: Path,
+    paths: list[Path],
+    tokenizer: Path | None,
+    vocab_size: int | None,
+    shard_tokens: int,
+    progress: bool,
+) -> dict:
+    """Fill ``tmp`` with tokenizer, token files and manifest; returns the manifest."""
+    tok = _install_tokenizer(tmp / TOKENIZER, paths, tokenizer, vocab_size, progress)
     dtype = token_dtype(tok.vocab_size)
     writer = _ShardWriter(tmp, dtype, shard_tokens)
 

@@ -45,26 +45,11 @@ from yatrain.bench.measure import load_average
 from yatrain.common import DTYPES
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add = p.add_argument
-    add("--device", choices=("cpu", "cuda"), default="cpu")
-    add("--world-size", type=int, default=2)
-    add(
-        "--contenders",
-        default=None,
-        help="comma list of yatrain,fsdp2,ddp,bare (default: "
-        "yatrain,fsdp2,ddp at world > 1, yatrain,bare at world 1)",
-    )
-    for name, default in (
-        ("dim", 512),
-        ("n-layers", 6),
-        ("n-heads", 8),
-        ("n-kv-heads", 4),
-        ("ffn-dim", 1536),
-        ("vocab", 8192),
-        ("seq-len", 256),
-    ):
+def _model_flags(add) -> None:
+    """The model and batch every contender trains."""
+    shape = [("dim", 512), ("n-layers", 6), ("n-heads", 8), ("n-kv-heads", 4),
+             ("ffn-dim", 1536), ("vocab", 8192), ("seq-len", 256)]  # fmt: skip
+    for name, default in shape:
         add(f"--{name}", type=int, default=default)
     add("--micro-batch", type=int, default=1, help="sequences per micro-batch")
     add("--accum", type=int, default=1, help="micro-batches per step per rank")
@@ -77,35 +62,39 @@ def _parser() -> argparse.ArgumentParser:
     add("--reduce-dtype", choices=tuple(DTYPES), default="fp32")
     add("--ac-layers", type=int, default=0, help="activation-checkpoint the first N decoder layers")
     add("--prefetch-depth", type=int, default=1, help="yatrain prefetch depth")
-    add("--steps", type=int, default=5, help="measured steps per run")
-    add("--warmup", type=int, default=2, help="unmeasured steps per run")
-    add("--mem-steps", type=int, default=2, help="steps after warm-up in the memory runs")
-    add("--repeats", type=int, default=3, help="runs per contender (interleaved)")
-    add(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads per rank (default: CPU cores / world size)",
-    )
     add("--seed", type=int, default=0)
+
+
+def _run_flags(add) -> None:
+    """How the contenders are run and measured."""
+    add("--device", choices=("cpu", "cuda"), default="cpu")
+    add("--world-size", type=int, default=2)
     add(
-        "--memtracker",
-        action="store_true",
-        help="also measure the live-tensor peak with MemTracker (extra short runs)",
-    )
-    add(
-        "--profile",
-        action="store_true",
-        help="finally, one more side-by-side run with each "
-        "contender's steps under cProfile (rank 0's profiles are printed)",
-    )
-    add(
-        "--start-method",
-        choices=("fork", "spawn"),
+        "--contenders",
         default=None,
-        help="how rank processes start (default: fork on CPU, spawn on CUDA)",
+        help="comma list of yatrain,fsdp2,ddp,bare (default: "
+        "yatrain,fsdp2,ddp at world > 1, yatrain,bare at world 1)",
     )
-    return p  # fmt: skip
+    counts = [("steps", 5, "measured steps per run"), ("warmup", 2, "unmeasured steps per run"),
+              ("mem-steps", 2, "steps after warm-up in the memory runs"),
+              ("repeats", 3, "runs per contender (interleaved)")]  # fmt: skip
+    for name, default, text in counts:
+        add(f"--{name}", type=int, default=default, help=text)
+    add("--threads", type=int, default=None,
+        help="torch threads per rank (default: CPU cores / world size)")  # fmt: skip
+    add("--memtracker", action="store_true",
+        help="also measure the live-tensor peak with MemTracker (extra short runs)")  # fmt: skip
+    add("--profile", action="store_true", help="finally, one more side-by-side run with each "
+        "contender's steps under cProfile (rank 0's profiles are printed)")  # fmt: skip
+    add("--start-method", choices=("fork", "spawn"), default=None,
+        help="how rank processes start (default: fork on CPU, spawn on CUDA)")  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _run_flags(p.add_argument)
+    _model_flags(p.add_argument)
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
