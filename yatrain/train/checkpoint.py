@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from yatrain import __version__
+from yatrain.common import GIB
 from yatrain.config import ModelConfig, Recipe, recipe_to_yaml
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models.llama import build_model
@@ -42,7 +43,7 @@ from yatrain.train.runtime import Runtime
 MANIFEST = "yatrain-checkpoint.json"
 TOKENIZER = "tokenizer.model"
 FORMAT = "yatrain-checkpoint-v1"
-_CHECKSUM_MAX_BYTES = 2 * 2**30  # above this, sizes only: hashing would dominate save time
+_CHECKSUM_MAX_BYTES = 2 * GIB  # above this, sizes only: hashing would dominate save time
 RESUME_FIX = "resume it with its own recipe, or start a new --run-dir"
 
 
