@@ -89,7 +89,10 @@ def training_state(engine: ShardedEngine, optimizer, mesh) -> dict:
         for group, views in engine.sharded_state(optimizer).items()
     }
     state["adam_step"] = step_count(optimizer)
-    state["rng_cpu"] = torch.get_rng_state()  # replicated: identical on every rank
+    # No RNG state: nothing in training draws from a global generator (init uses per-unit
+    # generators, the data order its own seeded permutation, and there is no dropout), so
+    # there is nothing to restore. tests/test_checkpoint.py reseeds the global RNG between
+    # the halves of a resumed run to keep it that way.
     return state
 
 
@@ -243,7 +246,6 @@ def load_checkpoint(path: Path, engine: ShardedEngine, optimizer, mesh) -> None:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"could not load checkpoint {path}: {first[:300]}") from None
     share_step_count(optimizer)
-    torch.set_rng_state(state["rng_cpu"])
     engine.after_step()  # refresh gather inputs (bf16 copies) from the loaded masters
 
 

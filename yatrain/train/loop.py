@@ -4,8 +4,8 @@ Read top to bottom: ``pretrain`` joins the process group and builds the run
 (``setup.setup``: data, model, engine, optimizer, resume point, loggers); ``train`` runs the
 steps, each ``step`` being learning rate, data, ``train_step``, then logging and
 checkpointing when their components say they are due. Checkpoints capture everything the
-next step depends on (weights, AdamW state, the global data position, RNG), so a resumed
-run continues bit for bit at the same world size.
+next step depends on (weights, AdamW state, the global data position; no random state is
+drawn during training), so a resumed run continues bit for bit at the same world size.
 """
 
 from __future__ import annotations
