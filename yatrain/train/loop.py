@@ -72,6 +72,7 @@ def train(run: Run) -> dict:
                 record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr,
                                           run.engine.bytes_sent, run.skipped_steps)  # fmt: skip
                 run.loggers.log(record)
+                run.meter.open_window()
             if run.checkpointer.due(step_number, outcome.stop):
                 save(run, step_number)
             if outcome.stop:

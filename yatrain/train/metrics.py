@@ -129,9 +129,10 @@ class StepMeter:
         self.first_step = first_step
         self.memory = PeakMemory(self.device)
         self.run_start = time.perf_counter()
-        self._open_window()
+        self.open_window()
 
-    def _open_window(self) -> None:
+    def open_window(self) -> None:
+        """Start timing the next window (after a record is logged: logging is not step time)."""
         self.window_start, self.window_steps, self.data_wait = time.perf_counter(), 0, 0.0
 
     def due(self, step: int) -> bool:
@@ -153,7 +154,8 @@ class StepMeter:
 
     def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
                bytes_sent: int, skipped_steps: int) -> MetricsRecord:  # fmt: skip
-        """Close the window at ``step``: collective (averages the loss over ranks)."""
+        """The record of the window that ends at ``step``; collective (averages the loss
+        over ranks). The caller logs it, then opens the next window."""
         if self.runtime.distributed:
             loss = loss.clone()
             dist.all_reduce(loss)
@@ -168,7 +170,6 @@ class StepMeter:
             data_wait_s=self.data_wait, bytes_sent=bytes_sent, skipped_steps=skipped_steps,
         )  # fmt: skip
         self.records.append(record)
-        self._open_window()
         return record
 
     def summary(self, run_dir: Path) -> dict:
