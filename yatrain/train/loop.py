@@ -69,10 +69,7 @@ def train(run: Run) -> dict:
         for step_number in range(run.start_step + 1, total + 1):
             outcome, lr = step(run, step_number, guard)
             if run.meter.due(step_number):
-                record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr,
-                                          run.engine.bytes_sent, run.skipped_steps)  # fmt: skip
-                run.loggers.log(record)
-                run.meter.open_window()
+                log(run, step_number, outcome, lr)
             if run.checkpointer.due(step_number, outcome.stop):
                 save(run, step_number)
             if outcome.stop:
@@ -107,6 +104,14 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     run.meter.step_done()
     run.loggers.step_done()
     return outcome, lr
+
+
+def log(run: Run, step_number: int, outcome: StepOutcome, lr: float) -> None:
+    """Close the metrics window at this step (collective), log its record, open the next."""
+    record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr,
+                              run.engine.bytes_sent, run.skipped_steps)  # fmt: skip
+    run.loggers.log(record)
+    run.meter.open_window()  # logging is not step time
 
 
 def save(run: Run, step_number: int) -> None:
