@@ -9,70 +9,49 @@ checkpoint loads at any world size, or in a single process with no process group
 A checkpoint is written to ``.tmp-step-N`` and renamed to ``step-N`` only after every rank
 has finished and the manifest (sizes, checksums, model shape, loader position) is complete,
 so a crash mid-save leaves the previous checkpoint intact. Discovery ignores anything that
-is not a complete ``step-N`` directory; ``open_checkpoint`` is the one validation path for
-resume, export and ``init_from``.
+is not a complete ``step-N`` directory; ``manifest.open_checkpoint`` is the one validation
+path for resume, export and ``init_from``. ``Checkpointer`` is a run's view of all this:
+when to save (``due``), what goes in, where to resume from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
+from torch.optim import Optimizer
 
 from yatrain import __version__
-from yatrain.common import GIB
 from yatrain.config import ModelConfig, Recipe, recipe_to_yaml
-from yatrain.errors import ConfigError, YatrainError
-from yatrain.models.llama import build_model
-from yatrain.sharding import ShardedEngine, ShardView, StateEntry, describe_state
-from yatrain.train.files import crc32, fsync_dir, write_json_atomic
+from yatrain.data import GlobalBatchLoader
+from yatrain.sharding import ShardedEngine, ShardView, StateEntry
+from yatrain.train.files import fsync_dir, write_json_atomic
+from yatrain.train.manifest import (
+    FORMAT,
+    MANIFEST,
+    TOKENIZER,
+    CheckpointError,
+    SavedCheckpoint,
+    complete_checkpoints,
+    file_table,
+    open_checkpoint,
+)
 from yatrain.train.optim import ensure_state, share_step_count, step_count
 from yatrain.train.runtime import Runtime
-
-MANIFEST = "yatrain-checkpoint.json"
-TOKENIZER = "tokenizer.model"
-FORMAT = "yatrain-checkpoint-v1"
-_CHECKSUM_MAX_BYTES = 2 * GIB  # above this, sizes only: hashing would dominate save time
-RESUME_FIX = "resume it with its own recipe, or start a new --run-dir"
-
-
-class CheckpointError(YatrainError):
-    """A checkpoint is missing, incomplete, corrupt or belongs to another model."""
-
-
-class ModelMismatch(CheckpointError, ConfigError):
-    """A good checkpoint of another model shape than the recipe's."""
-
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    """A validated checkpoint: its manifest, the model it holds and its saved layout."""
-
-    path: Path
-    manifest: dict
-    model: ModelConfig
-    layout: list[StateEntry]
-
-    @property
-    def step(self) -> int:
-        return self.manifest["step"]
-
 
 # ---------------------------------------------------------------------- state <-> tensors
 
 
-def _for_dcp(view: ShardView, mesh) -> torch.Tensor:
+def _for_dcp(view: ShardView, mesh: DeviceMesh | None) -> torch.Tensor:
     """A rank's piece as DCP sees it: a dim-0 sharded DTensor, or the whole tensor alone."""
     if mesh is None:
         return view.local
@@ -81,7 +60,7 @@ def _for_dcp(view: ShardView, mesh) -> torch.Tensor:
                               stride=(1,))  # fmt: skip
 
 
-def training_state(engine: ShardedEngine, optimizer, mesh) -> dict:
+def training_state(engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh | None) -> dict:
     """Views of the engine's shards and AdamW moments, wrapped for DCP (no copies)."""
     ensure_state(optimizer)
     state: dict = {
@@ -100,7 +79,8 @@ def training_state(engine: ShardedEngine, optimizer, mesh) -> dict:
 
 
 def save_checkpoint(
-    root: Path, step: int, engine: ShardedEngine, optimizer, mesh, meta: dict, *,
+    root: Path, step: int, engine: ShardedEngine, optimizer: Optimizer,
+    mesh: DeviceMesh | None, meta: dict, *,
     is_main: bool, keep: int, tokenizer: Path | None = None,
 ) -> Path:  # fmt: skip
     """Collective: every rank calls it. Returns the final ``step-N`` directory.
@@ -124,7 +104,7 @@ def save_checkpoint(
             "step": step,
             "world_size_at_save": engine.world_size,
             "unit_numels": [entry.numel for entry in engine.state_layout],
-            "files": _file_table(tmp),
+            "files": file_table(tmp),
             **meta,
         }
         write_json_atomic(tmp / MANIFEST, manifest)
@@ -135,15 +115,6 @@ def save_checkpoint(
     return final
 
 
-def _file_table(folder: Path) -> dict[str, dict]:
-    """Every file's size, and its CRC32 when the whole checkpoint is small enough."""
-    files = {path.name: {"bytes": path.stat().st_size} for path in sorted(folder.iterdir())}
-    if sum(f["bytes"] for f in files.values()) <= _CHECKSUM_MAX_BYTES:
-        for name in files:
-            files[name]["crc32"] = crc32(folder / name)
-    return files
-
-
 def _prune(root: Path, keep: int) -> None:
     for old in complete_checkpoints(root)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
@@ -152,70 +123,6 @@ def _prune(root: Path, keep: int) -> None:
 
 
 # ---------------------------------------------------------------------- finding and checking
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """``step-N`` directories with a manifest, newest first."""
-    found = []
-    for path in root.glob("step-*") if root.is_dir() else []:
-        suffix = path.name.removeprefix("step-")
-        if suffix.isdigit() and (path / MANIFEST).is_file():
-            found.append((int(suffix), path))
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def open_checkpoint(
-    path: Path, model: ModelConfig | None = None, fix: str = RESUME_FIX
-) -> SavedCheckpoint:
-    """The checkpoint at ``path`` if it is complete, intact and (when ``model`` is given) of
-    that model; else CheckpointError (``ModelMismatch``, saying ``fix``, for another model)."""
-    manifest = _read_manifest(path)
-    _check_files(path, manifest)
-    try:
-        saved = ModelConfig(**manifest["model"])
-    except (KeyError, TypeError):
-        raise CheckpointError(f"checkpoint {path}: its manifest has no valid model") from None
-    if model is not None and saved != model:
-        current = dataclasses.asdict(model)
-        theirs = dataclasses.asdict(saved)
-        detail = ", ".join(
-            f"model.{k} {theirs[k]} -> {v}" for k, v in current.items() if theirs[k] != v
-        )
-        raise ModelMismatch(f"checkpoint {path} was saved for another model ({detail}): {fix}")
-    layout = describe_state(build_model(saved))
-    if manifest.get("unit_numels") != [entry.numel for entry in layout]:
-        raise CheckpointError(
-            f"checkpoint {path} was saved for another model (layout differs): {fix}"
-        )
-    return SavedCheckpoint(path, manifest, saved, layout)
-
-
-def _read_manifest(path: Path) -> dict:
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{path} is not a complete yatrain checkpoint (no {MANIFEST})")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{manifest_path} is unreadable ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise CheckpointError(f"{manifest_path}: unknown format {found!r}")
-    return manifest
-
-
-def _check_files(path: Path, manifest: dict) -> None:
-    for name, expect in manifest.get("files", {}).items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} is missing {name}")
-        if file.stat().st_size != expect["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {path}: {name} has {file.stat().st_size} bytes, "
-                f"the manifest says {expect['bytes']} (truncated or replaced)"
-            )
-        if "crc32" in expect and crc32(file) != expect["crc32"]:
-            raise CheckpointError(f"checkpoint {path}: {name} is corrupt (checksum mismatch)")
 
 
 def find_resume_checkpoint(
@@ -237,7 +144,9 @@ def find_resume_checkpoint(
 # ---------------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: Path, engine: ShardedEngine, optimizer, mesh) -> None:
+def load_checkpoint(
+    path: Path, engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh | None
+) -> None:
     """Collective: fill the engine's shards and AdamW state from ``path`` at any world size."""
     state = training_state(engine, optimizer, mesh)
     try:
@@ -272,7 +181,8 @@ class Checkpointer:
     steps."""
 
     def __init__(
-        self, recipe: Recipe, root: Path, engine: ShardedEngine, optimizer, loader,
+        self, recipe: Recipe, root: Path, engine: ShardedEngine, optimizer: Optimizer,
+        loader: GlobalBatchLoader,
         runtime: Runtime,
     ) -> None:  # fmt: skip
         self.cfg, self.total_steps, self.model = recipe.checkpoint, recipe.train.steps, recipe.model

@@ -25,14 +25,15 @@ from yatrain.errors import ConfigError, YatrainError
 from yatrain.models import hf
 from yatrain.models.llama import Llama
 from yatrain.sharding import InitHooks
-from yatrain.train import checkpoint as ckpt
+from yatrain.train.checkpoint import iter_full_weights, read_weights
+from yatrain.train.manifest import MANIFEST, TOKENIZER, SavedCheckpoint, open_checkpoint
 
 SHARD_BYTES = 4 * GIB
 
 
 def iter_checkpoint_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Every parameter of a checkpoint in fp32, one unit in memory at a time."""
-    yield from ckpt.iter_full_weights(ckpt.open_checkpoint(path))
+    yield from iter_full_weights(open_checkpoint(path))
 
 
 # ---------------------------------------------------------------------- export
@@ -40,7 +41,7 @@ def iter_checkpoint_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def export_hf(checkpoint: Path, output: Path, dtype: str | None = None) -> Path:
     """A ``LlamaForCausalLM`` directory: config.json, sharded safetensors, the tokenizer."""
-    saved = ckpt.open_checkpoint(checkpoint)
+    saved = open_checkpoint(checkpoint)
     cfg = saved.model
     dtype = dtype or saved.manifest.get("dtype", "fp32")
     torch_dtype = DTYPES[dtype]
@@ -66,7 +67,7 @@ def export_hf(checkpoint: Path, output: Path, dtype: str | None = None) -> Path:
     return output
 
 
-def _write_safetensors(saved: ckpt.SavedCheckpoint, torch_dtype: torch.dtype, folder: Path):
+def _write_safetensors(saved: SavedCheckpoint, torch_dtype: torch.dtype, folder: Path):
     """Stream units into files of at most SHARD_BYTES; name them once the count is known."""
     parts: list[tuple[Path, list[str]]] = []
     current: dict[str, torch.Tensor] = {}
@@ -77,7 +78,7 @@ def _write_safetensors(saved: ckpt.SavedCheckpoint, torch_dtype: torch.dtype, fo
         save_file(current, str(path), metadata={"format": "pt"})
         parts.append((path, list(current)))
 
-    for name, tensor in ckpt.iter_full_weights(saved):
+    for name, tensor in iter_full_weights(saved):
         key, value = hf.to_hf(name, tensor.to(torch_dtype), saved.model)
         nbytes = value.numel() * value.element_size()
         if current and size + nbytes > SHARD_BYTES:
@@ -99,7 +100,7 @@ def _write_safetensors(saved: ckpt.SavedCheckpoint, torch_dtype: torch.dtype, fo
 
 
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
-    source = checkpoint / ckpt.TOKENIZER
+    source = checkpoint / TOKENIZER
     if not source.is_file():
         return 1, 2
     shutil.copyfile(source, folder / "tokenizer.model")
@@ -145,12 +146,12 @@ def init_from_source(source: Path, cfg: ModelConfig, model: Llama) -> InitHooks:
     unit_names, norm_names = _unit_names(model)
     if (source / "config.json").is_file():
         read = _hf_reader(source, cfg)
-    elif (source / ckpt.MANIFEST).is_file():
+    elif (source / MANIFEST).is_file():
         read = _checkpoint_reader(source, cfg)
     else:
         raise ConfigError(
             f"train.init_from {source} is neither a Hugging Face Llama directory (config.json "
-            f"and safetensors) nor a yatrain checkpoint ({ckpt.MANIFEST})"
+            f"and safetensors) nor a yatrain checkpoint ({MANIFEST})"
         )
 
     @torch.no_grad()
@@ -188,7 +189,7 @@ def _hf_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
 
 def _checkpoint_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
     fix = "train.init_from needs a recipe with the checkpoint's model shape"
-    saved = ckpt.open_checkpoint(source, cfg, fix=fix)
+    saved = open_checkpoint(source, cfg, fix=fix)
     entry_of = {name: entry for entry in saved.layout for name, _, _ in entry.params}
     cache: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -196,7 +197,7 @@ def _checkpoint_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.
         entry = entry_of[name]
         if entry.key not in cache:  # one unit in memory at a time
             cache.clear()
-            cache[entry.key] = ckpt.read_weights(saved, entry)
+            cache[entry.key] = read_weights(saved, entry)
         return cache[entry.key][name]
 
     return read
