@@ -59,21 +59,25 @@ def setup(
     )))  # fmt: skip
     check_fresh_start_allowed(run_dir, resume)
     loggers = Loggers(runtime, progress)
-    model, engine = build_engine(recipe, runtime, loggers)
-    optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
-    checkpointer = Checkpointer(
-        recipe, run_dir / recipe.checkpoint.dir, engine, optimizer, loader, runtime
-    )
-    start_step, skipped = checkpointer.restore(resume, loggers.say)
-    loggers.open(run_dir, recipe, start_step)
-    meter = StepMeter(recipe, runtime, loader.tokens_per_step)
-    last = checkpointer.last
-    where = f"resumed from {last} (step {start_step})" if last else "fresh start"
-    loggers.say(
-        f"run dir {run_dir} | {where} | world size {runtime.world_size} | device "
-        f"{runtime.device} | wandb {loggers.wandb_mode} | peak FLOP/s "
-        f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
-    )
+    try:
+        model, engine = build_engine(recipe, runtime, loggers)
+        optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
+        checkpointer = Checkpointer(
+            recipe, run_dir / recipe.checkpoint.dir, engine, optimizer, loader, runtime
+        )
+        start_step, skipped = checkpointer.restore(resume, loggers.say)
+        loggers.open(run_dir, recipe, start_step)
+        meter = StepMeter(recipe, runtime, loader.tokens_per_step)
+        last = checkpointer.last
+        where = f"resumed from {last} (step {start_step})" if last else "fresh start"
+        loggers.say(
+            f"run dir {run_dir} | {where} | world size {runtime.world_size} | device "
+            f"{runtime.device} | wandb {loggers.wandb_mode} | peak FLOP/s "
+            f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
+        )
+    except BaseException:
+        loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
+        raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
                meter, start_step, skipped)  # fmt: skip
 
