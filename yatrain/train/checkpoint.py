@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -31,7 +31,6 @@ from yatrain.config import ModelConfig
 from yatrain.errors import YatrainError
 
 MANIFEST = "yatrain-checkpoint.json"
-TOKENIZER = "tokenizer.model"
 FORMAT = "yatrain-checkpoint-v1"
 _CHECKSUM_MAX_BYTES = 2 * 2**30  # above this, sizes only: hashing would dominate save time
 
@@ -103,11 +102,11 @@ def save_checkpoint(
     *,
     is_main: bool,
     keep: int,
-    tokenizer: Path | None = None,
+    tokenizer_files: Sequence[Path] = (),
 ) -> Path:
     """Collective: every rank calls it. Returns the final ``step-N`` directory.
 
-    The tokenizer is copied in, so a checkpoint is self-contained for export."""
+    The tokenizer's files are copied in, so a checkpoint is self-contained for export."""
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
     if is_main:
@@ -118,8 +117,8 @@ def save_checkpoint(
     dcp.save(training_state(engine, optimizer, mesh), checkpoint_id=str(tmp))
     _barrier()
     if is_main:
-        if tokenizer is not None:
-            shutil.copyfile(tokenizer, tmp / TOKENIZER)
+        for file in tokenizer_files:
+            shutil.copyfile(file, tmp / file.name)
         files = {}
         for path in sorted(tmp.iterdir()):
             files[path.name] = {"bytes": path.stat().st_size}

@@ -21,8 +21,8 @@ import yaml
 from tqdm import tqdm
 
 from yatrain.config import Recipe, check_vocab, recipe_to_dict, validate_world_size
-from yatrain.data import GlobalBatchLoader, Tokenizer, TokenShards
-from yatrain.errors import DataError, Interrupted, TrainingError
+from yatrain.data import build_loader
+from yatrain.errors import Interrupted, TrainingError
 from yatrain.models.llama import build_model, flops_per_token
 from yatrain.sharding.engine import ShardedEngine
 from yatrain.train import checkpoint as ckpt
@@ -62,20 +62,6 @@ def pretrain(
         ) from None
     finally:
         runtime.shutdown()
-
-
-def _open_data(recipe: Recipe) -> TokenShards:
-    shards = TokenShards.open(Path(recipe.data.path))
-    check_vocab(recipe, shards.vocab_size)
-    if recipe.data.tokenizer is not None:
-        wanted = Tokenizer(Path(recipe.data.tokenizer))
-        if wanted.sha256 != shards.tokenizer_sha256:
-            raise DataError(
-                f"data.tokenizer {recipe.data.tokenizer} is not the tokenizer the data at "
-                f"{recipe.data.path} was prepared with: re-run prepare-data with it, or drop "
-                "data.tokenizer"
-            )
-    return shards
 
 
 def _checkpoint_layers(cfg: Recipe, runtime: Runtime) -> int:
@@ -142,15 +128,13 @@ def _find_resume(runtime, resume: str, root: Path, cfg: Recipe, engine) -> tuple
 def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: bool) -> dict:
     cfg, device = recipe, runtime.device
     validate_world_size(cfg, runtime.world_size)
-    loader = GlobalBatchLoader(
-        _open_data(cfg),
-        seq_len=cfg.data.seq_len,
-        global_batch_size=cfg.data.global_batch_size,
-        micro_batch_size=cfg.data.micro_batch_size,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
-        seed=cfg.train.seed,
-    )
+    # Mid-run notices (a mixture source starting a new epoch) go above the progress bar.
+    notice = (lambda message: tqdm.write(message, file=sys.stderr)) if runtime.is_main else None
+    loader = build_loader(
+        cfg.data, seed=cfg.train.seed, rank=runtime.rank, world_size=runtime.world_size,
+        notice=notice,
+    )  # fmt: skip
+    check_vocab(cfg, loader.vocab_size)
     run_dir = Path(
         runtime.broadcast_object(str(run_dir_for(resume, run_dir, name, cfg.checkpoint.dir)))
     )
@@ -187,6 +171,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
             f"run dir {run_dir} | {where} | world size {runtime.world_size} | device {device} | "
             f"wandb {wandb.mode} | peak FLOP/s {peak / 1e12:.3g}T ({peak_source})"
         )
+        say(loader.describe(total))
     if start_step >= total:
         say(f"nothing to do: the run is already at step {start_step} of {total}")
         return {"run_dir": str(run_dir), "steps": start_step}
@@ -209,7 +194,7 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
             meta,
             is_main=runtime.is_main,
             keep=cfg.checkpoint.keep,
-            tokenizer=loader.shards.tokenizer_path,
+            tokenizer_files=loader.tokenizer_files,
         )
 
     flops_token = flops_per_token(cfg.model, cfg.data.seq_len)
@@ -242,7 +227,8 @@ def _train(recipe, runtime: Runtime, name: str, run_dir, resume: str, progress: 
             data_wait += time.perf_counter() - t_data
             loss_sum = torch.zeros((), device=device)
             for inputs, targets in micro_batches:
-                logits = model(inputs.to(device, non_blocking=True))
+                inputs = inputs.to(device, non_blocking=True)
+                logits = model(inputs, **loader.attention_inputs(inputs))
                 targets = targets.to(device, non_blocking=True)
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
                 loss.backward()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from yatrain.config import ModelConfig
+from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models import hf
 from yatrain.models.llama import Llama, build_model
@@ -116,25 +117,8 @@ def _write_safetensors(checkpoint: Path, cfg, torch_dtype, folder: Path):
 
 
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
-    source = checkpoint / ckpt.TOKENIZER
-    if not source.is_file():
-        return 1, 2
-    from yatrain.data import Tokenizer
-
-    shutil.copyfile(source, folder / "tokenizer.model")
-    tok = Tokenizer(source)
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": tok.sp.id_to_piece(tok.bos_id),
-        "eos_token": tok.sp.id_to_piece(tok.eos_id),
-        "unk_token": tok.sp.id_to_piece(0),
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "legacy": False,
-        "add_prefix_space": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return tok.bos_id, tok.eos_id
+    """The checkpoint's tokenizer in Hugging Face form; (BOS, EOS), Llama's 1, 2 without one."""
+    return export_tokenizer(checkpoint, folder) or (1, 2)
 
 
 # ---------------------------------------------------------------------- import (init_from)
