@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 
+import numpy as np
 import pytest
 import tiktoken
 from tokenizer_fixtures import sample_texts, write_hf, write_tiktoken
@@ -16,7 +18,7 @@ from yatrain.config import check_vocab, load_recipe
 from yatrain.data import TokenShards, load_tokenizer, prepare_data, train_tokenizer
 from yatrain.data.tokenizer_export import tiktoken_to_hf, write_hf_tokenizer
 from yatrain.data.tokenizer_formats import detect_kind
-from yatrain.data.tokenizer_tiktoken import PATTERN, special_tokens
+from yatrain.data.tokenizer_tiktoken import PATTERN, special_tokens, split_for_encoding
 from yatrain.errors import ConfigError, DataError
 
 TRICKY = [
@@ -129,9 +131,24 @@ def test_llama3_matches_meta_reference_on_long_inputs(tiktoken_path):
         ("word " * 30_000) + "\u3000" * 26_000 + "end",  # unicode whitespace counts too
         *sample_texts(3),
     ]
+    packed = []
     for text in texts:
-        assert tok.encode(text) == _reference_encode(tiktoken_path, text)
+        reference = _reference_encode(tiktoken_path, text)
+        assert tok.encode(text) == reference
+        packed += [tok.bos_id, *reference, tok.eos_id]
+    assert tok.encode_packed(texts, np.dtype("<u4")).tolist() == packed  # the shard path
     assert len(tok.encode(" " * 1_000_000)) > 0  # in one call tiktoken overflows its stack
+
+
+def test_long_run_cuts_match_meta_on_random_text():
+    rng = random.Random(0)
+    for _ in range(8):
+        parts = []
+        while sum(map(len, parts)) < 120_000:
+            kind = rng.choice([" ", "x", "\u3000", "\n", "ab cd "])
+            parts.append(kind * rng.choice([1, 7, 12_499, 12_501, 24_999, 25_001, 40_000]))
+        text = "".join(parts)
+        assert list(split_for_encoding(text)) == list(_meta_split(text, 25_000))
 
 
 def test_tiktoken_read_from_local_file_only(tiktoken_path, tmp_path, monkeypatch):

@@ -1,11 +1,11 @@
 """Tokenizing a stream of documents in worker processes, in order, in bounded memory.
 
-The reading process cuts the documents into chunks of about a megabyte of text and deals
-them round-robin to N workers; chunk ``i`` goes to worker ``i % N`` and its tokens are taken
-back from that worker in the same turn, so results come out in input order and the output
-is byte-identical for any N. At most ``2 N`` chunks are in flight, whatever the corpus
-size. Each worker encodes on one thread and returns its chunk packed as
-``[bos] doc [eos] [bos] doc [eos] ...`` in the token dtype, ready to be written.
+The reading process cuts the documents into chunks of about 256K characters and
+numbers them; N workers take chunks from one queue as they become free (so a long chunk
+does not hold the others up) and the reading process puts the results back in chunk order,
+so the output is byte-identical for any N. At most ``4 N`` chunks are read ahead of the
+writer, whatever the corpus size. Each worker encodes on one thread and returns its chunk
+packed as ``[bos] doc [eos] [bos] doc [eos] ...`` in the token dtype, ready to be written.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import queue
 import signal
 import sys
-from collections import deque
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -23,9 +22,9 @@ import numpy as np
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.errors import DataError
 
-CHUNK_CHARS = 1 << 20  # text per chunk: large enough to amortise the hand-over
+CHUNK_CHARS = 1 << 18  # text per chunk: enough to amortise the hand-over, small for balance
 CHUNK_DOCS = 4096
-_IN_FLIGHT_PER_WORKER = 2
+_IN_FLIGHT_PER_WORKER = 4  # chunks read ahead per worker: slack for uneven chunks
 _POLL_S = 1.0
 
 
@@ -52,75 +51,71 @@ def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
 
 def pack(tokenizer: Tokenizer, docs: list[str], dtype: np.dtype, threads: int = 1) -> np.ndarray:
     """The chunk's documents as one array: each one's ids between BOS and EOS."""
-    flat: list[int] = []
-    bos, eos = tokenizer.bos_id, tokenizer.eos_id
-    for ids in tokenizer.encode_batch(docs, threads=threads):
-        flat.append(bos)
-        flat.extend(ids)
-        flat.append(eos)
-    return np.array(flat, dtype=dtype)
+    return tokenizer.encode_packed(docs, dtype, threads)
 
 
 def _worker(tokenizer: Tokenizer, dtype: np.dtype, inbox, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker
-    while (docs := inbox.get()) is not None:
+    while (task := inbox.get()) is not None:
+        index, docs = task
         try:
-            outbox.put((pack(tokenizer, docs, dtype), len(docs)))
+            outbox.put((index, (pack(tokenizer, docs, dtype), len(docs))))
         except Exception as e:  # reported by the parent as one line
-            outbox.put(f"{type(e).__name__}: {str(e).strip()[:300]}")
+            outbox.put((index, f"{type(e).__name__}: {str(e).strip()[:300]}"))
 
 
 class _Pool:
-    """N processes with one inbox and one outbox each (round-robin keeps the order)."""
+    """N processes taking numbered chunks from one queue as they become free; the parent
+    puts the results back in order."""
 
     def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, workers: int):
         # fork: a worker starts in milliseconds with the tokenizer already loaded. Elsewhere
         # the tokenizer is pickled as its path and reloaded in each worker.
         method = "fork" if sys.platform.startswith("linux") else "spawn"
         context = mp.get_context(method)
-        self.inboxes = [context.Queue() for _ in range(workers)]
-        self.outboxes = [context.Queue() for _ in range(workers)]
+        self.inbox, self.outbox = context.Queue(), context.Queue()
         self.processes = [
             context.Process(
-                target=_worker, args=(tokenizer, dtype, inbox, outbox), daemon=True,
+                target=_worker, args=(tokenizer, dtype, self.inbox, self.outbox), daemon=True,
                 name=f"yatrain-tokenize-{i}",
             )
-            for i, (inbox, outbox) in enumerate(zip(self.inboxes, self.outboxes, strict=True))
+            for i in range(workers)
         ]  # fmt: skip
         for process in self.processes:
             process.start()
+        self.done: dict[int, tuple[np.ndarray, int]] = {}
 
     def submit(self, index: int, docs: list[str]) -> None:
-        self.inboxes[index % len(self.processes)].put(docs)
+        self.inbox.put((index, docs))
 
     def result(self, index: int) -> tuple[np.ndarray, int]:
-        worker = index % len(self.processes)
-        while True:
+        """The result of chunk ``index``, keeping the others that arrive meanwhile."""
+        while index not in self.done:
             try:
-                answer = self.outboxes[worker].get(timeout=_POLL_S)
-                break
+                got, answer = self.outbox.get(timeout=_POLL_S)
             except queue.Empty:
-                process = self.processes[worker]
-                if not process.is_alive():
-                    raise DataError(
-                        f"tokenizer worker {worker} died (exit code {process.exitcode}; out of "
-                        "memory?): retry with fewer --workers"
-                    ) from None
-        if isinstance(answer, str):
-            raise DataError(f"tokenizing failed in worker {worker}: {answer}")
-        return answer
+                for number, process in enumerate(self.processes):
+                    if not process.is_alive():
+                        raise DataError(
+                            f"tokenizer worker {number} died (exit code {process.exitcode}; "
+                            "out of memory?): retry with fewer --workers"
+                        ) from None
+                continue
+            if isinstance(answer, str):
+                raise DataError(f"tokenizing failed in a worker: {answer}")
+            self.done[got] = answer
+        return self.done.pop(index)
 
     def close(self) -> None:
-        for inbox, process in zip(self.inboxes, self.processes, strict=True):
-            if process.is_alive():
-                inbox.put(None)
+        for _ in self.processes:
+            self.inbox.put(None)
         for process in self.processes:
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
                 process.join()
-        for q in (*self.inboxes, *self.outboxes):
+        for q in (self.inbox, self.outbox):
             q.cancel_join_thread()  # chunks nobody will read must not block our exit
             q.close()
 
@@ -144,14 +139,16 @@ def encode_stream(
 
 
 def _in_order(pool: _Pool, documents: Iterable[str], workers: int):
+    limit = _IN_FLIGHT_PER_WORKER * workers
+    taken = submitted = 0
     try:
-        pending: deque[int] = deque()
         for index, docs in enumerate(chunks(documents)):
-            if len(pending) == _IN_FLIGHT_PER_WORKER * workers:
-                yield pool.result(pending.popleft())
+            if index - taken == limit:  # bounded: read ahead at most `limit` chunks
+                yield pool.result(taken)
+                taken += 1
             pool.submit(index, docs)
-            pending.append(index)
-        while pending:
-            yield pool.result(pending.popleft())
+            submitted = index + 1
+        for index in range(taken, submitted):
+            yield pool.result(index)
     finally:
         pool.close()

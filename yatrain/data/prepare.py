@@ -14,6 +14,7 @@ import secrets
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -96,8 +97,8 @@ def prepare_data(
 def _store_tokenizer(
     tmp: Path, corpus: Corpus, source: Tokenizer | None, vocab_size: int | None, progress: bool
 ) -> tuple[Tokenizer, list[str]]:
-    """Copy or train the tokenizer into ``tmp``: the tokenizer as reloaded from there, and
-    the names of its files (the vocabulary file first)."""
+    """Copy or train the tokenizer into ``tmp``: the tokenizer, and the names of its files
+    there (the vocabulary file, whose hash identifies it, first)."""
     if source is None:
         start = time.perf_counter()
         if progress:
@@ -106,25 +107,36 @@ def _store_tokenizer(
         if progress:
             print(f"tokenizer trained in {time.perf_counter() - start:.1f}s", file=sys.stderr)
         return load_tokenizer(tmp / "tokenizer.model"), ["tokenizer.model"]
-    names = source.save(tmp)
-    stored = load_tokenizer(tmp / names[0])
-    assert (stored.bos_id, stored.eos_id) == (source.bos_id, source.eos_id)
-    return stored, names
+    return source, source.save(tmp)
 
 
-def _tokenize(
-    tmp: Path,
-    manifest: dict,
+@dataclass
+class Tokenized:
+    """What ``tokenize_into`` wrote, and how long it took."""
+
+    files: list[dict]
+    num_documents: int
+    num_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / max(self.seconds, 1e-9)
+
+
+def tokenize_into(
+    folder: Path,
     corpus: Corpus,
     tok: Tokenizer,
     shard_tokens: int,
     workers: int,
-    threads: int,
-    progress: bool,
-) -> dict:
-    """Write the token shards into ``tmp`` and complete and write ``manifest``."""
+    threads: int = 1,
+    progress: bool = False,
+) -> Tokenized:
+    """Read, tokenize and write the corpus as token shards in ``folder`` (the stage the
+    progress bar and the throughput benchmark time)."""
     dtype = token_dtype(tok.vocab_size)
-    writer = ShardWriter(tmp, dtype, shard_tokens)
+    writer = ShardWriter(folder, dtype, shard_tokens)
     start, num_documents, num_tokens = time.perf_counter(), 0, 0
     stream = encode_stream(tok, corpus.documents(), np.dtype(dtype), workers, threads)
     bar = tqdm(
@@ -138,25 +150,39 @@ def _tokenize(
         bar.set_postfix(docs=f"{num_documents:,}", refresh=False)
     bar.close()
     files = writer.close()
-    seconds = time.perf_counter() - start
-    if num_tokens == 0:
+    return Tokenized(files, num_documents, num_tokens, time.perf_counter() - start)
+
+
+def _tokenize(
+    tmp: Path,
+    manifest: dict,
+    corpus: Corpus,
+    tok: Tokenizer,
+    shard_tokens: int,
+    workers: int,
+    threads: int,
+    progress: bool,
+) -> dict:
+    """Write the token shards into ``tmp`` and complete and write ``manifest``."""
+    done = tokenize_into(tmp, corpus, tok, shard_tokens, workers, threads, progress)
+    if done.num_tokens == 0:
         raise DataError("the inputs produced no tokens: check --input")
     stats = corpus.stats
     manifest = {
         **manifest,
-        "dtype": dtype,
-        "num_documents": num_documents,
-        "num_tokens": num_tokens,
+        "dtype": token_dtype(tok.vocab_size),
+        "num_documents": done.num_documents,
+        "num_tokens": done.num_tokens,
         "skipped_bad_records": stats.bad_records,
         "first_bad_record": stats.first_bad_record,
         "skipped_files": [{"path": path, "reason": why} for path, why in stats.not_text],
-        "files": files,
+        "files": done.files,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     print(
-        f"tokenized {num_documents:,} documents into {num_tokens:,} tokens in {seconds:.1f}s "
-        f"({num_tokens / max(seconds, 1e-9):,.0f} tokens/s, {workers} worker"
-        f"{'s' if workers > 1 else ''}), {len(files)} file(s){_skipped(stats)}",
+        f"tokenized {done.num_documents:,} documents into {done.num_tokens:,} tokens in "
+        f"{done.seconds:.1f}s ({done.tokens_per_s:,.0f} tokens/s, {workers} worker"
+        f"{'s' if workers > 1 else ''}), {len(done.files)} file(s){_skipped(stats)}",
         file=sys.stderr,
     )
     return manifest

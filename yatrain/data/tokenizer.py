@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 
 def file_sha256(path: Path) -> str:
     """Hex sha256 of a file, read in chunks so large shards do not need to fit in memory."""
@@ -57,6 +59,15 @@ class Tokenizer(ABC):
             return [self.encode(text) for text in texts]
         with ThreadPoolExecutor(threads) as pool:  # the encoders release the GIL
             return list(pool.map(self.encode, texts))
+
+    def encode_packed(self, texts: list[str], dtype: np.dtype, threads: int = 1) -> np.ndarray:
+        """Each text's ids between BOS and EOS, back to back, as stored in data shards."""
+        flat: list[int] = []
+        for ids in self.encode_batch(texts, threads=threads):
+            flat.append(self.bos_id)
+            flat.extend(ids)
+            flat.append(self.eos_id)
+        return np.array(flat, dtype=dtype)
 
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:

@@ -13,12 +13,12 @@ part is encoded as ordinary text, so special-token strings in the data stay text
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 
 from yatrain.data.tokenizer import Tokenizer, file_sha256
@@ -33,6 +33,7 @@ MAX_ENCODE_CHARS = 400_000  # Meta's piece length
 MAX_RUN_CHARS = 25_000  # Meta's longest run of whitespace or of non-whitespace per part
 # A run longer than MAX_RUN_CHARS, found from its first character only (the look-behind
 # keeps the search linear: positions inside a run fail at once).
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]+={0,2}")
 _LONG_RUN = re.compile(rf"(?<!\s)\s{{{MAX_RUN_CHARS + 1},}}|(?<!\S)\S{{{MAX_RUN_CHARS + 1},}}")
 
 
@@ -59,20 +60,20 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     """token bytes -> rank from a tiktoken BPE file, validated line by line."""
     ranks: dict[bytes, int] = {}
     fix = "expected a tiktoken BPE file (one 'base64 rank' per line, as Llama 3's tokenizer.model)"
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            parts = line.split()
-            try:
-                token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
-                if len(parts) != 2 or not token:
-                    raise ValueError
-            except (IndexError, ValueError, binascii.Error):
-                raise DataError(f"{path}:{lineno}: not a 'base64 rank' line: {fix}") from None
-            if token in ranks:
-                raise DataError(f"{path}:{lineno}: token listed twice: {fix}")
-            ranks[token] = rank
+    lines = path.read_bytes().splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            if len(parts) != 2 or not _BASE64.fullmatch(parts[0]):
+                raise ValueError
+            token, rank = binascii.a2b_base64(parts[0]), int(parts[1])
+        except (ValueError, binascii.Error):
+            raise DataError(f"{path}:{lineno}: not a 'base64 rank' line: {fix}") from None
+        if not token or token in ranks:
+            raise DataError(f"{path}:{lineno}: empty or repeated token: {fix}")
+        ranks[token] = rank
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise DataError(f"{path}: ranks are not 0..{len(ranks) - 1}, each once: {fix}")
     missing = [b for b in range(256) if bytes([b]) not in ranks]
@@ -84,11 +85,27 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
+def _may_have_long_run(piece: str) -> bool:
+    """False when ``piece`` surely has no run longer than MAX_RUN_CHARS, checked at C speed.
+
+    Such a run covers a whole aligned block of half that length, and that block would be
+    all whitespace, or hold no whitespace at all; ordinary text has neither.
+    """
+    half = MAX_RUN_CHARS // 2
+    for start in range(0, len(piece) - half + 1, half):
+        block = piece[start : start + half]
+        if block.isspace():
+            return True
+        if len(block.split(None, 1)) == 1 and not (block[0].isspace() or block[-1].isspace()):
+            return True  # no whitespace inside, nor at either end
+    return False
+
+
 def split_for_encoding(text: str) -> Iterator[str]:
     """Meta's cut of ``text`` into parts tiktoken encodes safely (see the module docstring)."""
     for start in range(0, len(text), MAX_ENCODE_CHARS):
         piece = text[start : start + MAX_ENCODE_CHARS]
-        if len(piece) <= MAX_RUN_CHARS:
+        if len(piece) <= MAX_RUN_CHARS or not _may_have_long_run(piece):
             yield piece
             continue
         cut = 0
@@ -132,6 +149,22 @@ class TiktokenTokenizer(Tokenizer):
         for part in split_for_encoding(text):
             ids.extend(encode(part))
         return ids
+
+    def encode_packed(self, texts: list[str], dtype: np.dtype, threads: int = 1) -> np.ndarray:
+        """As the base class, with tiktoken writing each part's ids straight into an array."""
+        if threads > 1:
+            return super().encode_packed(texts, dtype, threads)
+        bos, eos = np.array([self.bos_id], np.uint32), np.array([self.eos_id], np.uint32)
+        parts = []
+        for text in texts:
+            parts.append(bos)
+            # allowed_special=set() with no check: special-token strings stay ordinary text
+            parts += [
+                self.encoding.encode_to_numpy(p, disallowed_special=())
+                for p in ([text] if len(text) <= MAX_RUN_CHARS else split_for_encoding(text))
+            ]
+            parts.append(eos)
+        return np.concatenate(parts).astype(dtype, copy=False)
 
     def decode(self, ids: Iterable[int]) -> str:
         specials = (self.bos_id, self.eos_id)
