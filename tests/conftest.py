@@ -20,6 +20,13 @@ FAST = [
     "train.log_every=1", "logging.wandb.mode=disabled",
 ]  # fmt: skip
 
+# How far the memory planner may be from the live-tensor count of real engine steps
+# (relative). The planner's worst case in tests/test_plan.py is 6.2% (world 2, fp32, all
+# layers checkpointed; the measurement is deterministic): 7% leaves a margin for other
+# torch versions, and a 25% cut to the per-layer SwiGLU activation term (8.6-10.5% off)
+# fails. Tests that compare the planner with a measurement use this one constant.
+PLANNER_TOLERANCE = 0.07
+
 
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory) -> Path:

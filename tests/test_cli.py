@@ -67,11 +67,15 @@ def test_two_ranks_under_torchrun_match_one_process(small_data, isolated_env, tm
         env=isolated_env, cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    one = [r["loss"] for r in read_metrics(single)]
-    two = [r["loss"] for r in read_metrics(double)]
+    one, two = read_metrics(single), read_metrics(double)
     assert len(one) == len(two) == 4
-    assert max(abs(a - b) / a for a, b in zip(one, two, strict=True)) < 1e-5
-    assert read_metrics(double)[-1]["comm_bytes_sent"] > 0
+    for a, b in zip(one, two, strict=True):
+        assert abs(a["loss"] - b["loss"]) / a["loss"] < 1e-5
+        # The gradient norm sees the gradient's scale (averaging over 2 ranks x 1 micro-batch
+        # vs 1 rank x 2 micro-batches); fp32 norm accumulation differs by ~1e-5 here.
+        assert abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] < 1e-4
+        assert b["tokens_per_s_per_device"] == pytest.approx(b["tokens_per_s"] / 2)
+    assert two[-1]["comm_bytes_sent"] > 0
 
 
 @pytest.mark.parametrize(
@@ -136,7 +140,9 @@ def test_plan_command_through_the_cli(isolated_env):
     result = yatrain("plan", "recipes/llama3_8b.yaml", "--gpus", "8", "--json", env=isolated_env)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
-    assert payload["fits"] and payload["activation_checkpoint_layers"] >= 0
+    # 8 layers would need 80.85 GiB of the assumed 80 GiB; 9 need 79.38 GiB.
+    assert payload["fits"] and payload["activation_checkpoint_layers"] == 9
+    assert payload["peak_bytes_per_gpu"] == pytest.approx(79.38 * 2**30, rel=1e-3)
 
 
 def test_auto_checkpoint_layers_is_resolved_and_logged(small_data, isolated_env, tmp_path):

@@ -3,7 +3,8 @@
 Its contact with the model is narrow: build it on the meta device, hand it to the sharding
 engine (which materialises each rank's shard), run forward/backward, step the optimizer.
 Checkpoints capture everything the next step depends on (weights, AdamW state, the global
-data position, RNG), so a resumed run continues bit for bit at the same world size.
+data position; no random state is drawn during training), so a resumed run continues bit for
+bit at the same world size.
 """
 
 from __future__ import annotations
