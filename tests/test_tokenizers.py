@@ -188,6 +188,7 @@ def test_hf_bos_eos_from_config_map_or_flags(tmp_path):
         load_tokenizer(bare)
     tok = load_tokenizer(bare, bos_token="<pad>", eos_token=str(tok.token_id("</s>")))
     assert (tok.bos_id, tok.eos_id) == (tok.token_id("<pad>"), tok.token_id("</s>"))
+    assert load_tokenizer(bare, bos_token="<s>", eos_token="1").eos_id == 1  # digits: an id
     with pytest.raises(DataError, match=r"eos_token '<nope>' \(from --eos-token\) is not a token"):
         load_tokenizer(bare, bos_token="<s>", eos_token="<nope>")
 

@@ -80,9 +80,10 @@ class HFTokenizer(Tokenizer):
                 f"{CONFIG} or {_SPECIAL_MAP} beside it): pass {flag} TOKEN, e.g. the token "
                 "the model was pretrained to start/end documents with"
             )
-        found = self.backend.token_to_id(token)
-        if found is None and override is not None and token.strip().isdigit():
+        if override is not None and token.strip().isdigit():  # an id (digits are no BOS/EOS)
             found = int(token)
+        else:
+            found = self.backend.token_to_id(token)
         if found is None or not 0 <= found < self.vocab_size:
             raise DataError(
                 f"{role} {token!r} (from {where}) is not a token of {self.path}: pass {flag} "
