@@ -85,7 +85,7 @@ def test_each_global_batch_gets_its_share(sources):
         shares.append(per_source)
     total = np.sum(shares, axis=0)
     assert total.tolist() == [300, 120, 180]  # 600 windows at 0.5 / 0.2 / 0.3, exactly
-    assert "a weight 0.500 -> 0.500 (300 windows, 7.50 epochs)" in loader.describe(30)
+    assert "a weight 0.500 -> 0.500 (300 windows, 7.5 epochs)" in loader.describe(30)
     # The windows of a source are whole windows of that source, in seq_len steps.
     assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(20, SEQ - 1, dtype=x.dtype))
     assert ((x[:, 0] % 20_000) % SEQ == 0).all()

@@ -15,7 +15,13 @@ from tokenizer_fixtures import sample_texts, write_hf, write_tiktoken
 from tokenizers import Tokenizer as HFBackend
 
 from yatrain.config import check_vocab, load_recipe
-from yatrain.data import TokenShards, load_tokenizer, prepare_data, train_tokenizer
+from yatrain.data import (
+    TokenShards,
+    export_tokenizer,
+    load_tokenizer,
+    prepare_data,
+    train_tokenizer,
+)
 from yatrain.data.tokenizer_export import tiktoken_to_hf, write_hf_tokenizer
 from yatrain.data.tokenizer_formats import detect_kind
 from yatrain.data.tokenizer_tiktoken import PATTERN, special_tokens, split_for_encoding
@@ -255,6 +261,10 @@ def test_prepare_with_each_kind(kind, sp_path, tiktoken_path, tmp_path):
     stream = shards.read(0, shards.num_tokens).tolist()
     assert stream[0] == tok.bos_id and stream[-1] == tok.eos_id
     assert stream.count(tok.bos_id) == len(texts)
+    exported = tmp_path / "hf-export"  # a data dir holds the tokenizer as a checkpoint does
+    exported.mkdir()
+    assert export_tokenizer(tmp_path / "out", exported) == (tok.bos_id, tok.eos_id)
+    assert (exported / "tokenizer_config.json").is_file()
     recipe = load_recipe("recipes/tiny.yaml", [f"model.vocab_size={tok.vocab_size - 1}"])
     with pytest.raises(ConfigError, match=f"set model.vocab_size to at least {tok.vocab_size}"):
         check_vocab(recipe, shards.vocab_size)

@@ -105,7 +105,7 @@ class Corpus:
         text_field: str = "text",
         skip_bad_records: bool = False,
     ):
-        if inputs:
+        if inputs is not None:
             self.files = expand_inputs(inputs)
         else:
             self.files = [(f, False) for f in default_corpus_files()]

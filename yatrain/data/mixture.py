@@ -160,7 +160,7 @@ class MixtureLoader(BatchLoader):
         counts = self.consumed(steps)
         parts = [
             f"{Path(s.path).name} weight {w:.3f} -> {c / max(slots, 1):.3f} ({c:,} windows, "
-            f"{c / n:.2f} epochs)"
+            f"{c / n:.3g} epochs)"
             for s, w, c, n in zip(self.sources, self.weights, counts, self.num_windows, strict=True)
         ]
         return f"data mixture over {steps:,} steps ({slots:,} windows): " + "; ".join(parts)
