@@ -43,14 +43,26 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class DataSource:
+    """One prepared data directory of a weighted mixture."""
+
+    path: str
+    weight: float = _limit(gt=0)  # share of training windows (weights are normalised)
+
+
+@dataclass(kw_only=True)
 class DataConfig:
     """Where the tokenized data lives and how it is batched (batch sizes are in sequences)."""
 
-    path: str  # tokenized data dir; relative paths are relative to the current directory
-    tokenizer: str | None = None  # None = the tokenizer.model inside `path`
+    # tokenized data dir; relative paths are relative to the current directory
+    path: str | None = None
+    sources: list[DataSource] | None = None  # instead of path: a weighted mixture of dirs
+    tokenizer: str | None = None  # None = the tokenizer stored with the data
     seq_len: int = _limit(ge=1)
     micro_batch_size: int = _limit(ge=1)  # sequences per GPU per forward/backward
     global_batch_size: int = _limit(ge=1)  # sequences per optimizer step, all GPUs together
+    document_mask: bool = False  # attention stays within each document of a packed window
+    restart_positions: bool = False  # with document_mask: positions restart at 0 per document
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches each rank runs per optimizer step (call validate_world_size first)."""
@@ -233,6 +245,38 @@ def _check_shapes(r: Recipe) -> None:
     for failed, message in checks:
         if failed:
             raise ConfigError(message)
+    _check_sources(data)
+
+
+def _check_sources(data: DataConfig) -> None:
+    """data.path or data.sources, not both; a mixture names each directory once."""
+    if data.path is None and data.sources is None:
+        raise ConfigError(
+            "missing required key 'data.path' (or 'data.sources' for a weighted mixture); add "
+            "it to the recipe (see recipes/llama3_8b.yaml for a complete example)"
+        )
+    if data.path is not None and data.sources is not None:
+        raise ConfigError(
+            "'data.path' and 'data.sources' are both set: train on one directory (data.path) "
+            "or a mixture (data.sources), e.g. --set data.path=null"
+        )
+    if data.sources is not None:
+        if not data.sources:
+            raise ConfigError("'data.sources' is empty: list at least one {path, weight}")
+        seen: dict[str, int] = {}
+        for i, source in enumerate(data.sources):
+            key = str(Path(source.path))
+            if key in seen:
+                raise ConfigError(
+                    f"'data.sources[{i}].path' repeats data.sources[{seen[key]}] ({source.path}): "
+                    "list each directory once and give it the combined weight"
+                )
+            seen[key] = i
+    if data.restart_positions and not data.document_mask:
+        raise ConfigError(
+            "'data.restart_positions' needs 'data.document_mask: true' (positions restart "
+            "where attention stops at a document boundary)"
+        )
 
 
 def validate_world_size(recipe: Recipe, world_size: int) -> None:

@@ -85,6 +85,10 @@ def _coerce(key: str, v: Any, tp: Any) -> Any:
                 f"'{key}' has invalid value {_show(v)}{note}; choose one of {choices}"
             )
         return v
+    if origin is list:
+        if not isinstance(v, list):
+            raise ConfigError(f"'{key}' must be a list, got {_show(v)}")
+        return [_coerce(f"{key}[{i}]", item, args[0]) for i, item in enumerate(v)]
     if args and type(None) not in args and len(args) > 1:  # int | Literal["auto"]: first fit
         for member in args:
             try:

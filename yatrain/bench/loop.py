@@ -42,14 +42,12 @@ from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
 from yatrain.bench.measure import load_average, median, spread, table, verdict
 from yatrain.common import DTYPES
 from yatrain.config import Recipe, load_recipe
-from yatrain.data import prepare_data
+from yatrain.data import build_loader, prepare_data
 from yatrain.models.llama import build_model, count_parameters, materialize
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import set_lr
 from yatrain.train.record import read_metrics
-from yatrain.train.runtime import Runtime
 from yatrain.train.schedule import lr_at
-from yatrain.train.setup import build_loader
 
 REPO = Path(__file__).resolve().parents[2]
 YATRAIN, BARE = "yatrain (pretrain)", "bare PyTorch"
@@ -117,7 +115,7 @@ def run_yatrain(recipe: Recipe, run_dir: Path, verbose: bool) -> dict:
 
 def run_bare(recipe: Recipe) -> dict:
     device = torch.device("cpu")
-    loader = build_loader(recipe, Runtime(rank=0, world_size=1, local_rank=0, device=device))
+    loader = build_loader(recipe.data, seed=recipe.train.seed)
     model = materialize(
         build_model(recipe.model, recipe.sharding.activation_checkpoint_layers), device,
         recipe.train.seed,
@@ -125,6 +123,10 @@ def run_bare(recipe: Recipe) -> dict:
     o, total = recipe.optim, recipe.train.steps
     opt = bare_adamw(decay_groups(model, o.weight_decay), o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
     params = list(model.parameters())
+
+    def run(inputs):  # the loader's document ids and positions, when the recipe masks
+        return model(inputs, **loader.attention_inputs(inputs))
+
     times, waits, loss_value = [], [], float("nan")
     for step in range(1, total + 1):
         start = time.perf_counter()
@@ -132,7 +134,7 @@ def run_bare(recipe: Recipe) -> dict:
         set_lr(opt, lr)
         micro_batches = loader.next_batch()
         data_wait = time.perf_counter() - start
-        loss, grad_norm = bare_step(model, params, opt, micro_batches, device=device,
+        loss, grad_norm = bare_step(run, params, opt, micro_batches, device=device,
                                     dtype=DTYPES[recipe.train.dtype], clip=o.grad_clip)  # fmt: skip
         elapsed = time.perf_counter() - start  # where the loop reads its clock at a log
         loss_value, _ = loss.item(), grad_norm.item()

@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -32,13 +32,12 @@ from torch.optim import Optimizer
 
 from yatrain import __version__
 from yatrain.config import ModelConfig, Recipe, recipe_to_yaml
-from yatrain.data import GlobalBatchLoader
+from yatrain.data import BatchLoader
 from yatrain.sharding import ShardedEngine, ShardView, StateEntry
 from yatrain.train.files import fsync_dir, write_json_atomic
 from yatrain.train.manifest import (
     FORMAT,
     MANIFEST,
-    TOKENIZER,
     CheckpointError,
     SavedCheckpoint,
     complete_checkpoints,
@@ -81,11 +80,11 @@ def training_state(engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh
 def save_checkpoint(
     root: Path, step: int, engine: ShardedEngine, optimizer: Optimizer,
     mesh: DeviceMesh | None, meta: dict, *,
-    is_main: bool, keep: int, tokenizer: Path | None = None,
+    is_main: bool, keep: int, tokenizer_files: Sequence[Path] = (),
 ) -> Path:  # fmt: skip
     """Collective: every rank calls it. Returns the final ``step-N`` directory.
 
-    The tokenizer is copied in, so a checkpoint is self-contained for export."""
+    The tokenizer's files are copied in, so a checkpoint is self-contained for export."""
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
     if is_main:
@@ -96,8 +95,8 @@ def save_checkpoint(
     dcp.save(training_state(engine, optimizer, mesh), checkpoint_id=str(tmp))
     _barrier()
     if is_main:
-        if tokenizer is not None:
-            shutil.copyfile(tokenizer, tmp / TOKENIZER)
+        for file in tokenizer_files:
+            shutil.copyfile(file, tmp / file.name)
         manifest = {
             "format": FORMAT,
             "yatrain_version": __version__,
@@ -182,7 +181,7 @@ class Checkpointer:
 
     def __init__(
         self, recipe: Recipe, root: Path, engine: ShardedEngine, optimizer: Optimizer,
-        loader: GlobalBatchLoader,
+        loader: BatchLoader,
         runtime: Runtime,
     ) -> None:  # fmt: skip
         self.cfg, self.total_steps, self.model = recipe.checkpoint, recipe.train.steps, recipe.model
@@ -217,7 +216,7 @@ class Checkpointer:
         self.last = save_checkpoint(
             self.root, step, self.engine, self.optimizer, self.mesh, meta,
             is_main=self.runtime.is_main, keep=self.cfg.keep,
-            tokenizer=self.loader.shards.tokenizer_path,
+            tokenizer_files=self.loader.tokenizer_files,
         )  # fmt: skip
         return self.last
 

@@ -91,7 +91,8 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     with run.meter.waiting_for_data():
         micro_batches = run.loader.next_batch()
     outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
-                         grad_clip=optim.grad_clip, guard=guard)  # fmt: skip
+                         grad_clip=optim.grad_clip, guard=guard,
+                         model_inputs=run.loader.attention_inputs)  # fmt: skip
     if outcome.nonfinite and not run.recipe.train.skip_nonfinite_steps:
         raise TrainingError(
             f"non-finite loss or gradient norm at step {step_number}; the update was not "

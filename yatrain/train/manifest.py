@@ -20,7 +20,6 @@ from yatrain.sharding import StateEntry, describe_state
 from yatrain.train.files import crc32
 
 MANIFEST = "yatrain-checkpoint.json"
-TOKENIZER = "tokenizer.model"
 FORMAT = "yatrain-checkpoint-v1"
 _CHECKSUM_MAX_BYTES = 2 * GIB  # above this, sizes only: hashing would dominate save time
 RESUME_FIX = "resume it with its own recipe, or start a new --run-dir"

@@ -15,8 +15,8 @@ from torch import nn
 
 from yatrain.common import DTYPES
 from yatrain.config import Recipe, check_vocab, validate_world_size
-from yatrain.data import GlobalBatchLoader, Tokenizer, TokenShards
-from yatrain.errors import DataError
+from yatrain.data import BatchLoader
+from yatrain.data import build_loader as data_loader
 from yatrain.models.llama import build_model
 from yatrain.plan import resolve_auto_checkpoint_layers
 from yatrain.sharding import InitHooks, ShardedEngine
@@ -36,7 +36,7 @@ class Run:
     recipe: Recipe
     runtime: Runtime
     run_dir: Path
-    loader: GlobalBatchLoader
+    loader: BatchLoader
     model: nn.Module
     engine: ShardedEngine
     optimizer: torch.optim.Optimizer
@@ -53,12 +53,12 @@ def setup(
 ) -> Run:  # fmt: skip
     """Build the run (see the module docstring); collective under torchrun."""
     validate_world_size(recipe, runtime.world_size)
-    loader = build_loader(recipe, runtime)
+    loggers = Loggers(runtime, progress)
+    loader = build_loader(recipe, runtime, loggers)
     run_dir = Path(runtime.broadcast_object(str(
         run_dir_for(resume, run_dir, recipe_name, recipe.checkpoint.dir)
     )))  # fmt: skip
     check_fresh_start_allowed(run_dir, resume)
-    loggers = Loggers(runtime, progress)
     try:
         model, engine = build_engine(recipe, runtime, loggers)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
@@ -75,6 +75,7 @@ def setup(
             f"{runtime.device} | wandb {loggers.wandb_mode} | peak FLOP/s "
             f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
         )
+        loggers.say(loader.describe(recipe.train.steps))
     except BaseException:
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
         raise
@@ -82,33 +83,15 @@ def setup(
                meter, start_step, skipped)  # fmt: skip
 
 
-def open_data(recipe: Recipe) -> TokenShards:
-    """The prepared data, checked against the recipe's vocabulary and tokenizer."""
-    shards = TokenShards.open(Path(recipe.data.path))
-    check_vocab(recipe, shards.vocab_size)
-    if recipe.data.tokenizer is not None:
-        wanted = Tokenizer(Path(recipe.data.tokenizer))
-        if wanted.sha256 != shards.tokenizer_sha256:
-            raise DataError(
-                f"data.tokenizer {recipe.data.tokenizer} is not the tokenizer the data at "
-                f"{recipe.data.path} was prepared with: re-run prepare-data with it, or drop "
-                "data.tokenizer"
-            )
-    return shards
-
-
-def build_loader(recipe: Recipe, runtime: Runtime) -> GlobalBatchLoader:
-    """This rank's view of the global batches."""
-    data = recipe.data
-    return GlobalBatchLoader(
-        open_data(recipe),
-        seq_len=data.seq_len,
-        global_batch_size=data.global_batch_size,
-        micro_batch_size=data.micro_batch_size,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
-        seed=recipe.train.seed,
-    )
+def build_loader(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> BatchLoader:
+    """This rank's view of the global batches (one directory or a mixture), checked against
+    the model's vocabulary; a mixture's notices go to the console."""
+    loader = data_loader(
+        recipe.data, seed=recipe.train.seed, rank=runtime.rank, world_size=runtime.world_size,
+        notice=loggers.say if runtime.is_main else None,
+    )  # fmt: skip
+    check_vocab(recipe, loader.vocab_size)
+    return loader
 
 
 def checkpoint_layers(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> int:

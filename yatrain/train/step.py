@@ -11,7 +11,7 @@ gradients and buffers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,8 @@ from yatrain.sharding import ShardedEngine
 from yatrain.train.guard import StepGuard
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro, seq_len]
+# Extra model arguments derived from a micro-batch's inputs (document ids, positions).
+ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,17 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def forward_backward(
-    model: nn.Module, micro_batches: Sequence[MicroBatch], device: torch.device
+    model: nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    device: torch.device,
+    model_inputs: ModelInputs | None = None,
 ) -> torch.Tensor:
     """Forward and backward of every micro-batch; returns the sum of their losses."""
     loss_sum = torch.zeros((), device=device)
     for inputs, targets in micro_batches:
-        logits = model(inputs.to(device, non_blocking=True))
+        inputs = inputs.to(device, non_blocking=True)
+        extra = model_inputs(inputs) if model_inputs is not None else {}
+        logits = model(inputs, **extra)
         loss = cross_entropy(logits, targets.to(device, non_blocking=True))
         loss.backward()
         loss_sum += loss.detach()
@@ -60,12 +67,14 @@ def train_step(
     *,
     grad_clip: float,
     guard: StepGuard | None = None,
+    model_inputs: ModelInputs | None = None,
 ) -> StepOutcome:
     """One optimizer step over this rank's micro-batches (see the module docstring).
 
     Without a guard every step is applied; with one, a non-finite step is not, and the
-    caller decides whether to stop or to skip it."""
-    loss_sum = forward_backward(model, micro_batches, engine.device)
+    caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
+    per micro-batch (the loader's document ids and positions)."""
+    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs)
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
     stop, nonfinite = guard.check(loss_sum, grad_norm) if guard else (False, False)

@@ -20,13 +20,13 @@ from safetensors.torch import save_file
 
 from yatrain.common import DTYPES, GIB
 from yatrain.config import ModelConfig
-from yatrain.data import Tokenizer
+from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models import hf
 from yatrain.models.llama import Llama
 from yatrain.sharding import InitHooks
 from yatrain.train.checkpoint import iter_full_weights, read_weights
-from yatrain.train.manifest import MANIFEST, TOKENIZER, SavedCheckpoint, open_checkpoint
+from yatrain.train.manifest import MANIFEST, SavedCheckpoint, open_checkpoint
 
 SHARD_BYTES = 4 * GIB
 
@@ -100,23 +100,8 @@ def _write_safetensors(saved: SavedCheckpoint, torch_dtype: torch.dtype, folder:
 
 
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
-    source = checkpoint / TOKENIZER
-    if not source.is_file():
-        return 1, 2
-    shutil.copyfile(source, folder / "tokenizer.model")
-    tok = Tokenizer(source)
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": tok.sp.id_to_piece(tok.bos_id),
-        "eos_token": tok.sp.id_to_piece(tok.eos_id),
-        "unk_token": tok.sp.id_to_piece(0),
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "legacy": False,
-        "add_prefix_space": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return tok.bos_id, tok.eos_id
+    """The checkpoint's tokenizer in Hugging Face form; (BOS, EOS), Llama's 1, 2 without one."""
+    return export_tokenizer(checkpoint, folder) or (1, 2)
 
 
 # ---------------------------------------------------------------------- import (init_from)
