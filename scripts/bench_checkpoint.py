@@ -1,69 +1,12 @@
-"""Time checkpoint save and load, and report checkpoint size, for a recipe's model.
+"""Checkpoint save and load time and size.
 
-    python scripts/bench_checkpoint.py recipes/tiny.yaml
-    python scripts/bench_checkpoint.py recipes/tiny.yaml --set model.dim=768 \
-        --set model.n_layers=12 --set model.n_heads=12 --set model.n_kv_heads=4 \
-        --set model.ffn_dim=2048 --set model.vocab_size=32000
-
-One process (world size 1), fp32 master weights plus AdamW moments, the same code path the
-training loop uses (`yatrain.train.checkpoint`). Prints median seconds over --repeats.
+`python scripts/bench_checkpoint.py ...` is `python -m yatrain.bench.checkpoint ...`; the benchmark
+lives in yatrain/bench/ (its docstring says what it measures and how).
 """
 
-from __future__ import annotations
+import sys
 
-import argparse
-import dataclasses
-import statistics
-import tempfile
-import time
-import warnings
-from pathlib import Path
-
-import torch
-
-from yatrain.config import load_recipe
-from yatrain.models.llama import build_model, count_parameters
-from yatrain.sharding.engine import ShardedEngine
-from yatrain.train import checkpoint as ckpt
-from yatrain.train.optim import build_optimizer
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipe")
-    parser.add_argument("--set", action="append", default=[], dest="overrides")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    cfg = load_recipe(args.recipe, args.overrides)
-    model = build_model(cfg.model)
-    engine = ShardedEngine(
-        model, model.units(), model.norm_modules(),
-        init_unit=lambda i: model.init_unit_(i, 0), init_norms=model.init_norms_, device="cpu",
-    )  # fmt: skip
-    optimizer = build_optimizer(engine.param_groups(0.1), cfg.optim)
-    ckpt.ensure_optimizer_state(engine, optimizer)
-    saves, loads = [], []
-    with tempfile.TemporaryDirectory() as root:
-        for repeat in range(args.repeats):
-            start = time.perf_counter()
-            path = ckpt.save_checkpoint(
-                Path(root), repeat + 1, engine, optimizer, None,
-                {"model": dataclasses.asdict(cfg.model)}, is_main=True, keep=1,
-            )  # fmt: skip
-            saves.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            ckpt.validate_checkpoint(path, cfg.model, engine.unit_numels)  # sizes and checksums
-            ckpt.load_checkpoint(path, engine, optimizer, None)
-            loads.append(time.perf_counter() - start)
-        size = sum(f.stat().st_size for f in path.iterdir())
-    params = count_parameters(cfg.model)
-    print(f"model: {params / 1e6:.1f}M parameters ({args.recipe} {' '.join(args.overrides)})")
-    print(f"checkpoint size: {size / 2**20:.1f} MiB ({size / params:.1f} bytes/parameter)")
-    print(f"save: {statistics.median(saves):.2f} s median of {args.repeats} (incl. crc32)")
-    print(f"load: {statistics.median(loads):.2f} s median of {args.repeats} (incl. validation)")
-
+from yatrain.bench.checkpoint import main
 
 if __name__ == "__main__":
-    torch.set_num_threads(2)
-    main()
+    sys.exit(main())

@@ -8,4 +8,5 @@ export YATRAIN_TEST_REQUIRE_HF=1  # a missing transformers is then a failure, no
 VENV=${YATRAIN_VENV:-.venv}
 "$VENV/bin/ruff" check yatrain tests scripts
 "$VENV/bin/ruff" format --check yatrain tests scripts
+"$VENV/bin/lint-imports"  # the package layering in pyproject.toml
 exec "$VENV/bin/python" -m pytest "$@"

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from yatrain.config import load_recipe
 from yatrain.errors import TrainingError, YatrainError
-from yatrain.sharding.engine import ShardedEngine
+from yatrain.sharding import ShardedEngine
 from yatrain.train import checkpoint as ckpt
 from yatrain.train.loop import pretrain
 

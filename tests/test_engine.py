@@ -18,16 +18,17 @@ import torch.utils._pytree as pytree
 from distributed import run_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
 from yatrain.models.llama import build_model, materialize
-from yatrain.sharding.engine import ShardedEngine
+from yatrain.sharding import ShardedEngine
+from yatrain.train.step import train_step
 
 CFG = ModelConfig(
     dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=80, vocab_size=61,
     rope_theta=1e4, norm_eps=1e-5, max_seq_len=16,
 )  # fmt: skip
 SEQ, STEPS, SEED = 12, 10, 7
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def batches(global_batch: int, steps: int = STEPS) -> torch.Tensor:
@@ -94,28 +95,22 @@ def train_sharded(rank, world, data, micro, clip, ckpt, dtype="fp32", reduce="fp
     losses, norms = [], []
     for step in data:
         mine = step[rank * per_rank : (rank + 1) * per_rank]
-        total = torch.zeros(())
-        for start in range(0, per_rank, micro):
-            loss = loss_of(model, mine[start : start + micro])
-            loss.backward()
-            total += loss.detach()
-        engine.reduce_gradients()
-        norms.append(engine.clip_grad_norm_(clip).item())
-        opt.step()
-        engine.after_step()
+        micros = [
+            (mine[start : start + micro, :-1], mine[start : start + micro, 1:])
+            for start in range(0, per_rank, micro)
+        ]
+        outcome = train_step(model, engine, opt, micros, grad_clip=clip)
+        norms.append(outcome.grad_norm.item())
+        loss = outcome.loss
         if world > 1:
-            torch.distributed.all_reduce(total)
-        losses.append(total.item() / (world * per_rank // micro))
+            torch.distributed.all_reduce(loss)
+        losses.append(loss.item() / world)
     return losses, norms, engine.full_state_dict()
 
 
 def engine_for(model, **kwargs) -> ShardedEngine:
     """The engine over a meta-device Llama, initialised from SEED, on the CPU."""
-    return ShardedEngine(
-        model, model.units(), model.norm_modules(),
-        init_unit=lambda i: model.init_unit_(i, SEED), init_norms=model.init_norms_,
-        device="cpu", **kwargs,
-    )  # fmt: skip
+    return ShardedEngine.from_model(model, device="cpu", seed=SEED, **kwargs)
 
 
 def max_rel(a: list[float], b: list[float]) -> float:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
-from yatrain.sharding.engine import ShardedEngine
+from yatrain.sharding import ShardedEngine
 from yatrain.train.loop import pretrain
 from yatrain.train.weights import export_hf, init_from_source, iter_checkpoint_weights
 
@@ -129,12 +129,8 @@ def test_transformers_loads_export_with_matching_logits(trained, tmp_path):
 
 def _engine_weights(cfg, source: Path) -> dict[str, torch.Tensor]:
     model = build_model(cfg.model)
-    init_unit, init_norms = init_from_source(source, cfg.model, model)
-    engine = ShardedEngine(
-        model, model.units(), model.norm_modules(),
-        init_unit=init_unit, init_norms=init_norms, device="cpu",
-    )  # fmt: skip
-    return engine.full_state_dict()
+    init = init_from_source(source, cfg.model, model)
+    return ShardedEngine.from_model(model, device="cpu", init=init).full_state_dict()
 
 
 def test_init_from_hf_and_from_checkpoint_round_trip(trained, tmp_path):

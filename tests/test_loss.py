@@ -117,7 +117,7 @@ def test_holds_far_less_memory_than_full_logits():
             if chunk is None:
                 loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
             else:
-                loss = model(tokens[:, :-1], tokens[:, 1:])
+                loss = model(tokens[:, :-1], targets=tokens[:, 1:])
             loss.backward()
             peaks[chunk] = mem.peak
     n_logits = 4 * 128 * cfg.vocab_size
@@ -135,7 +135,7 @@ def test_model_loss_and_gradients_equal_plain_path(ckpt):
         model = materialize(build_model(CFG, ckpt, loss_chunk_tokens=5), "cpu", SEED)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         if fused:
-            loss = model(inputs, targets)
+            loss = model(inputs, targets=targets)
         else:
             loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
         loss.backward()
@@ -160,7 +160,7 @@ def train_fused(rank, world, data, micro, clip, ckpt, chunk, dtype="fp32"):
         total = torch.zeros(())
         for start in range(0, per_rank, micro):
             tokens = mine[start : start + micro]
-            loss = model(tokens[:, :-1], tokens[:, 1:])
+            loss = model(tokens[:, :-1], targets=tokens[:, 1:])
             loss.backward()
             total += loss.detach()
         engine.reduce_gradients()
@@ -227,7 +227,7 @@ def _collectives_per_step(rank, world, chunk):
                     logits = model(micro[:, :-1])
                     loss = F.cross_entropy(logits.flatten(0, 1), micro[:, 1:].flatten())
                 else:
-                    loss = model(micro[:, :-1], micro[:, 1:])
+                    loss = model(micro[:, :-1], targets=micro[:, 1:])
                 loss.backward()
             engine.reduce_gradients()
             engine.clip_grad_norm_(1.0)

@@ -10,27 +10,25 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
-import typer
 from conftest import PLANNER_TOLERANCE, ROOT
 from distributed import run_ranks
 from typer.testing import CliRunner
 
+from yatrain.cli import app
+from yatrain.common import DTYPES, GIB
 from yatrain.config import load_recipe, recipe_from_dict
 from yatrain.models.llama import build_model
-from yatrain.plan.commands import plan as plan_command
-from yatrain.plan.memory import (
-    GIB,
+from yatrain.plan import (
+    LiveTensorTracker,
     engine_state_bytes,
     plan_for_layers,
     plan_memory,
     resolve_auto_checkpoint_layers,
 )
-from yatrain.plan.memtrack import LiveTensorTracker
-from yatrain.sharding.engine import ShardedEngine
+from yatrain.sharding import ShardedEngine
 from yatrain.train.optim import build_optimizer
+from yatrain.train.step import train_step
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SMALL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=256)
 
 
@@ -157,25 +155,16 @@ def _measure(rank, world, rec):
     tokens = torch.randint(0, m.vocab_size, (2, micro, seq + 1), generator=gen)
     with LiveTensorTracker() as mem:
         model = build_model(m, rec.sharding.activation_checkpoint_layers)
-        engine = ShardedEngine(
-            model, model.units(), model.norm_modules(),
-            init_unit=lambda i: model.init_unit_(i, 0), init_norms=model.init_norms_,
-            device="cpu", param_dtype=DTYPES[rec.train.dtype],
+        engine = ShardedEngine.from_model(
+            model, device="cpu", param_dtype=DTYPES[rec.train.dtype],
             reduce_dtype=DTYPES[rec.sharding.reduce_dtype],
         )  # fmt: skip
         optimizer = build_optimizer(engine.param_groups(0.1), rec.optim)
-        for step in tokens:  # the loop's step, as in yatrain.train.loop
+        for step in tokens:  # the loop's step
             inputs, targets = step[:, :-1].contiguous(), step[:, 1:].contiguous()
             resident = mem.current
             mem.reset_peak()
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            loss.backward()
-            engine.reduce_gradients()
-            engine.clip_grad_norm_(1.0)
-            optimizer.step()
-            engine.after_step()
-            del logits, loss
+            train_step(model, engine, optimizer, [(inputs, targets)], grad_clip=1.0)
     return resident, mem.peak - resident
 
 
@@ -217,20 +206,13 @@ def test_tracker_counts_live_storages_once():
 # ----------------------------------------------------------------------------- the command
 
 
-def _cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command("plan")(plan_command)
-    app.command("unused")(lambda: None)  # keep "plan" a subcommand
-    return app
-
-
 def test_plan_command_text_and_json():
     args = ["plan", str(ROOT / "recipes/llama3_70b.yaml"), "--gpus", "256", "--gpu-memory", "80"]
-    text = CliRunner().invoke(_cli(), [*args, "--set", "data.seq_len=2048"])
+    text = CliRunner().invoke(app, [*args, "--set", "data.seq_len=2048"])
     assert text.exit_code == 0, text.output
     assert "checkpoint the first 17 of 80 layers" in text.output
     assert "runtime allowance" in text.output and "fits" in text.output
-    out = CliRunner().invoke(_cli(), [*args, "--json", "--runtime-allowance", "3"])
+    out = CliRunner().invoke(app, [*args, "--json", "--runtime-allowance", "3"])
     payload = json.loads(out.stdout)
     assert payload.keys() >= {"activation_checkpoint_layers", "peak_bytes_per_gpu", "fits"}
     assert payload["breakdown"]["runtime_allowance"] == 3 * GIB

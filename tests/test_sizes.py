@@ -74,9 +74,8 @@ def test_world_size_one_direct_path():
     fp32 = llama(1000, 3000, 2, 10, 1, param_dtype=FP32, direct=True)
     assert fp32.total_bytes() == 0  # views of the shard; gradients land in the fp32 shard
     bf16 = llama(1000, 3000, 2, 10, 1, direct=True)
-    assert bf16.gather_bytes() == 0 and bf16.staging.count == 0
-    assert (bf16.grad.count, bf16.grad.numel) == (2, 1000)  # the layers' bf16 gradients
-    assert bf16.small_grad.numel == 50
+    assert bf16.gather_bytes() == 0 and bf16.staging.count == 0 and bf16.grad.count == 0
+    assert bf16.small_grad.numel == 50  # bf16 norm gradients accumulate before the cast
     with pytest.raises(ValueError, match="world size 1"):
         llama(1000, 3000, 2, 10, 2, direct=True)
 

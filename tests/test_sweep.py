@@ -13,13 +13,13 @@ import json
 import sys
 
 import pytest
-import typer
 from conftest import ROOT
 from typer.testing import CliRunner
 
+from yatrain.cli import app
 from yatrain.errors import ConfigError
-from yatrain.plan import sweep as sw
-from yatrain.plan.commands import sweep as sweep_command
+from yatrain.sweep import configs, report
+from yatrain.sweep import run as sweep_run
 
 TINY = [
     "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
@@ -31,18 +31,11 @@ OOM = "import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to 
 FAIL = "import sys; print('step 1 ...'); sys.exit('simulated failure: disk full')"
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("sweep")(sweep_command)
-    app.command("unused")(lambda: None)
-    return app
-
-
 def run_sweep_cli(out_dir, data, *extra: str):
     sets = [f"--set={s}" for s in [*TINY, f"data.path={data}"]]
     args = ["sweep", str(ROOT / "recipes/tiny.yaml"), "--seq-len", "32,64", "--steps", "3"]
     args += ["--activation-checkpoint-layers", "0,2", "--output", str(out_dir), *sets, *extra]
-    return CliRunner().invoke(_app(), args)
+    return CliRunner().invoke(app, args)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +43,7 @@ def swept(small_data, tmp_path_factory):
     """(sweep dir, CLI result, names of launched configs) of one sweep with two fakes."""
     out_dir = tmp_path_factory.mktemp("sweep") / "out"
     launched: list[str] = []
-    real_launch = sw.launch
+    real_launch = sweep_run.launch
 
     def launch(command, log_path):
         name = log_path.parent.name
@@ -65,7 +58,7 @@ def swept(small_data, tmp_path_factory):
         mp.delenv("WANDB_API_KEY", raising=False)
         mp.setenv("PYTHONPATH", str(ROOT))
         mp.setenv("OMP_NUM_THREADS", "1")
-        mp.setattr(sw, "launch", launch)
+        mp.setattr(sweep_run, "launch", launch)
         result = run_sweep_cli(out_dir, small_data)
         rerun = run_sweep_cli(out_dir, small_data, "--set=logging.wandb.project=other")
     return out_dir, result, launched, rerun
@@ -121,27 +114,28 @@ def test_table_and_plots_go_to_wandb(swept, small_data, isolated_env):
     rows = json.loads((out_dir / "sweep.json").read_text())["rows"]
     plots = [out_dir / "throughput.png", out_dir / "memory.png"]
     sets = [*TINY, f"data.path={small_data}", "logging.wandb.mode=offline"]
-    mode = sw.log_to_wandb(ROOT / "recipes/tiny.yaml", sets, out_dir, rows, plots, {"x": 1})
+    wandb_cfg = configs.base_recipe(ROOT / "recipes/tiny.yaml", sets)[0].logging.wandb
+    mode = report.log_to_wandb(wandb_cfg, out_dir, rows, plots, {"x": 1})
     assert mode == "offline"
     assert list((out_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
 def test_batch_sizes_keep_tokens_or_sequences():
-    assert sw._batch_for(2048, 4096, 512, 1, 8, keep_seqs=False) == (1024, 1)
-    assert sw._batch_for(8192, 4096, 512, 2, 8, keep_seqs=False) == (256, 2)
-    assert sw._batch_for(64, 32, 4, 2, 2, keep_seqs=False) == (2, 1)  # micro-batch shrinks
-    assert sw._batch_for(8192, 4096, 512, 1, 8, keep_seqs=True) == (512, 1)
+    assert configs._batch_for(2048, 4096, 512, 1, 8, keep_seqs=False) == (1024, 1)
+    assert configs._batch_for(8192, 4096, 512, 2, 8, keep_seqs=False) == (256, 2)
+    assert configs._batch_for(64, 32, 4, 2, 2, keep_seqs=False) == (2, 1)  # micro-batch shrinks
+    assert configs._batch_for(8192, 4096, 512, 1, 8, keep_seqs=True) == (512, 1)
     with pytest.raises(ConfigError, match="keep-batch-sequences"):
-        sw._batch_for(3000, 4096, 512, 1, 8, keep_seqs=False)
+        configs._batch_for(3000, 4096, 512, 1, 8, keep_seqs=False)
     with pytest.raises(ConfigError, match="do not split"):
-        sw._batch_for(64, 32, 4, 1, 8, keep_seqs=False)
+        configs._batch_for(64, 32, 4, 1, 8, keep_seqs=False)
 
 
 def test_commands_and_failure_classes():
-    config = sw.SweepConfig("seq8-ckpt0", 8, "0", 0, 4, 2, ["data.seq_len=8"], 1)
-    one = sw.config_command(ROOT / "r.yaml", config, ROOT / "d", 1)
+    config = configs.SweepConfig("seq8-ckpt0", 8, "0", 0, 4, 2, ["data.seq_len=8"], 1)
+    one = sweep_run.config_command(ROOT / "r.yaml", config, ROOT / "d", 1)
     assert one[1:3] == ["-m", "yatrain"] and "--set=data.seq_len=8" in one
-    two = sw.config_command(ROOT / "r.yaml", config, ROOT / "d", 2)
+    two = sweep_run.config_command(ROOT / "r.yaml", config, ROOT / "d", 2)
     assert two[1:7] == [
         "-m",
         "torch.distributed.run",
@@ -152,9 +146,9 @@ def test_commands_and_failure_classes():
     ]
     assert two[7:9] == ["yatrain", "pretrain"] and two[-1] == "--no-progress"
     text = "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n"
-    assert sw.classify_failure(1, text)[0] == "oom"
-    assert sw.classify_failure(-9, "")[0] == "oom"
-    assert sw.classify_failure(2, "a\nyatrain: error: bad key\n") == (
+    assert sweep_run.classify_failure(1, text)[0] == "oom"
+    assert sweep_run.classify_failure(-9, "")[0] == "oom"
+    assert sweep_run.classify_failure(2, "a\nyatrain: error: bad key\n") == (
         "failed",
         "yatrain: error: bad key",
     )
@@ -163,11 +157,11 @@ def test_commands_and_failure_classes():
 def test_auto_and_bad_settings_are_resolved_before_running(small_data):
     recipe = ROOT / "recipes/tiny.yaml"
     sets = [*TINY, f"data.path={small_data}"]
-    configs = sw.expand_configs(recipe, sets, [32, 256], ["auto", "1"], 3, 1, True)
-    assert [c.name for c in configs] == [
+    expanded = configs.expand_configs(recipe, sets, [32, 256], ["auto", "1"], 3, 1, True)
+    assert [c.name for c in expanded] == [
         "seq32-ckptauto", "seq32-ckpt1", "seq256-ckptauto", "seq256-ckpt1",
     ]  # fmt: skip
-    assert configs[0].layers == 0  # a CPU without sharding.gpu_memory_gib: nothing to plan for
-    assert "model.max_seq_len=256" in configs[2].overrides  # beyond the recipe's context
+    assert expanded[0].layers == 0  # a CPU without sharding.gpu_memory_gib: nothing to plan for
+    assert "model.max_seq_len=256" in expanded[2].overrides  # beyond the recipe's context
     with pytest.raises(ConfigError, match="'7' is not 'auto' or a layer count"):
-        sw.expand_configs(recipe, sets, [32], ["7"], 3, 1, False)
+        configs.expand_configs(recipe, sets, [32], ["7"], 3, 1, False)

@@ -3,35 +3,22 @@
 A recipe is parsed into plain dataclasses and validated completely before any work starts, so a
 typo or an impossible shape fails in a second with one line naming the key, instead of an hour
 into a job. The schema is the dataclasses below: field names are the YAML keys, field types
-drive the type checks, and ``_limit`` metadata gives the allowed ranges.
+drive the type checks (``schema.build_dataclass``), and ``_limit`` gives the allowed ranges.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 
 from yatrain.errors import ConfigError
-
-
-def _limit(
-    default: Any = dataclasses.MISSING,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    lt: float | None = None,
-) -> Any:
-    """A dataclass field with range bounds that validation enforces (ge: >=, gt: >, lt: <)."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "lt": lt})
-
+from yatrain.schema import build_dataclass
+from yatrain.schema import limit as _limit
 
 # ----------------------------------------------------------------------------- schema
 
@@ -56,14 +43,26 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class DataSource:
+    """One prepared data directory of a weighted mixture."""
+
+    path: str
+    weight: float = _limit(gt=0)  # share of training windows (weights are normalised)
+
+
+@dataclass(kw_only=True)
 class DataConfig:
     """Where the tokenized data lives and how it is batched (batch sizes are in sequences)."""
 
-    path: str  # tokenized data dir; relative paths are relative to the current directory
-    tokenizer: str | None = None  # None = the tokenizer.model inside `path`
+    # tokenized data dir; relative paths are relative to the current directory
+    path: str | None = None
+    sources: list[DataSource] | None = None  # instead of path: a weighted mixture of dirs
+    tokenizer: str | None = None  # None = the tokenizer stored with the data
     seq_len: int = _limit(ge=1)
     micro_batch_size: int = _limit(ge=1)  # sequences per GPU per forward/backward
     global_batch_size: int = _limit(ge=1)  # sequences per optimizer step, all GPUs together
+    document_mask: bool = False  # attention stays within each document of a packed window
+    restart_positions: bool = False  # with document_mask: positions restart at 0 per document
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches each rank runs per optimizer step (call validate_world_size first)."""
@@ -205,7 +204,7 @@ def _apply_override(d: dict, item: str) -> None:
 
 def recipe_from_dict(d: dict) -> Recipe:
     """Build a validated Recipe from plain nested dicts (as parsed from YAML)."""
-    recipe = _build(Recipe, d, prefix="")
+    recipe = build_dataclass(Recipe, d)
     _check_shapes(recipe)
     return recipe
 
@@ -215,118 +214,9 @@ def recipe_to_dict(r: Recipe) -> dict:
     return dataclasses.asdict(r)
 
 
-def _build(cls: type, d: Any, prefix: str) -> Any:
-    """Instantiate dataclass cls from mapping d, checking keys, types and ranges."""
-    where = prefix.rstrip(".") or "the recipe"
-    if d is None:  # an empty section ("logging:" with everything commented out)
-        d = {}
-    if not isinstance(d, dict):
-        raise ConfigError(f"'{where}' must be a mapping of keys, got {_show(d)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for key in d:
-        if key not in fields:
-            name = f"{prefix}{key}"
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = (
-                f"did you mean '{prefix}{close[0]}'?"
-                if close
-                else f"valid keys in '{where}' are: {', '.join(fields)}"
-            )
-            raise ConfigError(f"unknown key '{name}'; {hint}")
-    kwargs = {}
-    for name, f in fields.items():
-        key = f"{prefix}{name}"
-        if name not in d:
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            if required:
-                raise ConfigError(
-                    f"missing required key '{key}'; add it to the recipe "
-                    "(see recipes/llama3_8b.yaml for a complete example)"
-                )
-            continue
-        value = _coerce(key, d[name], hints[name])
-        _check_range(key, value, f.metadata)
-        kwargs[name] = value
-    return cls(**kwargs)
-
-
-def _show(v: Any) -> str:
-    return "null" if v is None else f"{v!r} ({type(v).__name__})"
-
-
-_TYPE_WORDS = {int: "whole number", float: "number", str: "string"}
-
-
-def _coerce(key: str, v: Any, tp: Any) -> Any:
-    """Check v against the annotation tp, converting only int->float and numeric str->float."""
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, v, prefix=f"{key}.")
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        if v not in args or isinstance(v, bool):
-            choices = ", ".join(repr(a) for a in args)
-            note = " (YAML reads on/off/yes/no as booleans)" if isinstance(v, bool) else ""
-            raise ConfigError(
-                f"'{key}' has invalid value {_show(v)}{note}; choose one of {choices}"
-            )
-        return v
-    if args and type(None) not in args and len(args) > 1:  # int | Literal["auto"]: first fit
-        for member in args:
-            try:
-                return _coerce(key, v, member)
-            except ConfigError:
-                pass
-        words = " or ".join(
-            repr(a) if not isinstance(a, type) else f"a {_TYPE_WORDS.get(a, a.__name__)}"
-            for m in args
-            for a in (typing.get_args(m) or (m,))
-        )
-        raise ConfigError(f"'{key}' must be {words}, got {_show(v)}")
-    if args and type(None) in args:  # Optional[X]: None, or an X
-        inner = [a for a in args if a is not type(None)]
-        return None if v is None else _coerce(key, v, inner[0])
-    if tp is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        example = f" such as {int(v)}" if isinstance(v, float) and math.isfinite(v) else ""
-        raise ConfigError(
-            f"'{key}' must be a whole number, got {_show(v)}; write an integer{example}"
-        )
-    if tp is float:
-        try:  # YAML reads 3e-4 (no dot) as a string: accept numeric strings
-            x = float(v) if not isinstance(v, bool) else math.nan
-        except (TypeError, ValueError):
-            x = math.nan
-        if not math.isfinite(x):
-            raise ConfigError(f"'{key}' must be a finite number, got {_show(v)}; write e.g. 3.0e-4")
-        return x
-    if tp is str:
-        if not isinstance(v, str):
-            raise ConfigError(
-                f"'{key}' must be a string, got {_show(v)}; quote it, "
-                f'e.g. {key.rsplit(".", 1)[-1]}: "{v}"'
-            )
-        return v
-    if tp is bool:
-        if not isinstance(v, bool):
-            raise ConfigError(f"'{key}' must be true or false, got {_show(v)}")
-        return v
-    raise TypeError(f"unsupported schema type {tp!r} for {key}")  # a bug in the schema
-
-
-def _check_range(key: str, v: Any, meta: Any) -> None:
-    if v is None or isinstance(v, str):  # ranges bound numbers only ("auto" has none)
-        return
-    ge, gt, lt = meta.get("ge"), meta.get("gt"), meta.get("lt")
-    if ge is not None and v < ge:
-        bound = {0: "non-negative", 1: "positive"}.get(ge, f"at least {ge}")
-        raise ConfigError(f"'{key}' must be {bound}, got {v}; set it to {ge} or more")
-    if gt is not None and v <= gt:
-        bound = "positive" if gt == 0 else f"greater than {gt}"
-        raise ConfigError(f"'{key}' must be {bound}, got {v}; use a value above {gt}")
-    if lt is not None and v >= lt:
-        raise ConfigError(f"'{key}' must be less than {lt}, got {v}; use a value below {lt}")
+def recipe_to_yaml(r: Recipe) -> str:
+    """The fully resolved recipe as YAML, keys in schema order (a run's config.yaml)."""
+    return yaml.safe_dump(recipe_to_dict(r), sort_keys=False)
 
 
 def _check_shapes(r: Recipe) -> None:
@@ -355,6 +245,38 @@ def _check_shapes(r: Recipe) -> None:
     for failed, message in checks:
         if failed:
             raise ConfigError(message)
+    _check_sources(data)
+
+
+def _check_sources(data: DataConfig) -> None:
+    """data.path or data.sources, not both; a mixture names each directory once."""
+    if data.path is None and data.sources is None:
+        raise ConfigError(
+            "missing required key 'data.path' (or 'data.sources' for a weighted mixture); add "
+            "it to the recipe (see recipes/llama3_8b.yaml for a complete example)"
+        )
+    if data.path is not None and data.sources is not None:
+        raise ConfigError(
+            "'data.path' and 'data.sources' are both set: train on one directory (data.path) "
+            "or a mixture (data.sources), e.g. --set data.path=null"
+        )
+    if data.sources is not None:
+        if not data.sources:
+            raise ConfigError("'data.sources' is empty: list at least one {path, weight}")
+        seen: dict[str, int] = {}
+        for i, source in enumerate(data.sources):
+            key = str(Path(source.path))
+            if key in seen:
+                raise ConfigError(
+                    f"'data.sources[{i}].path' repeats data.sources[{seen[key]}] ({source.path}): "
+                    "list each directory once and give it the combined weight"
+                )
+            seen[key] = i
+    if data.restart_positions and not data.document_mask:
+        raise ConfigError(
+            "'data.restart_positions' needs 'data.document_mask: true' (positions restart "
+            "where attention stops at a document boundary)"
+        )
 
 
 def validate_world_size(recipe: Recipe, world_size: int) -> None:

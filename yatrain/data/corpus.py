@@ -1,23 +1,25 @@
-"""Reading raw documents: the embedded default corpus and the user's text/JSONL files.
+"""The documents of a corpus: the embedded default one, or the user's files and directories.
 
 A "document" is the unit that gets wrapped in ``[bos] ... [eos]`` when tokenized, so the
-rules here decide where the model sees a document boundary:
-
-- ``.jsonl``: one document per line, taken from the line's ``"text"`` field;
-- ``.txt`` with blank-line-separated blocks: one document per block;
-- anything else (``.py``, ``.md``, a ``.txt`` without blank lines...): one document per file.
+rules decide where the model sees a document boundary (see ``readers``): a JSONL line or a
+parquet row, a blank-line-separated block of a ``.txt`` file, or a whole other text file.
 
 Directories are walked recursively in sorted order (hidden entries and ``__pycache__``
-skipped), so the same inputs always give the same documents in the same order.
+skipped), so the same inputs always give the same documents in the same order. Files in a
+directory that are not text (binaries, non-UTF-8) are skipped and listed; a file named
+explicitly must be readable. Bad records stop the run with one line naming them, or are
+skipped and counted (``skip_bad_records``).
 """
 
-import json
+from __future__ import annotations
+
 import os
-import re
 import sysconfig
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from yatrain.data.readers import BadRecord, NotText, classify, read_documents
 from yatrain.errors import DataError
 
 # Stdlib directories that are not ordinary library code (tests, vendored tools, caches).
@@ -32,7 +34,6 @@ _EXCLUDED_DIRS = {
 }
 # The one piece of English prose shipped with every CPython: the pydoc help topics.
 _PROSE_FILE = "pydoc_data/topics.py"
-_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
 
 
 def default_corpus_files(max_bytes: int = 24_000_000) -> list[Path]:
@@ -67,66 +68,88 @@ def default_corpus_files(max_bytes: int = 24_000_000) -> list[Path]:
     return files
 
 
-def expand_inputs(paths: list[Path]) -> list[Path]:
-    """Turn files and directories into the sorted list of files to read."""
-    files = []
+def expand_inputs(paths: list[Path]) -> list[tuple[Path, bool]]:
+    """Files to read, in order, each with whether it was named explicitly (not found in a
+    directory walk)."""
+    files: list[tuple[Path, bool]] = []
     for path in map(Path, paths):
         if path.is_dir():
             found = []
             for dirpath, dirnames, filenames in os.walk(path):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
                 found += [Path(dirpath, f) for f in filenames if not f.startswith(".")]
-            files += sorted(found, key=lambda p: p.relative_to(path).as_posix())
+            found.sort(key=lambda p: p.relative_to(path).as_posix())
+            files += [(f, False) for f in found]
         elif path.is_file():
-            files.append(path)
+            files.append((path, True))
         else:
             raise DataError(f"input {path} does not exist: check the --input path")
     return files
 
 
-def iter_documents(paths: list[Path]) -> Iterator[str]:
-    """Yield the documents of ``paths`` in order, skipping empty ones (see module docstring)."""
-    for path in expand_inputs(paths):
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            yield from _jsonl_documents(path)
-        elif suffix == ".json":
-            raise DataError(
-                f"{path}: .json files are not read; convert it to JSONL, one "
-                '{"text": ...} object per line'
-            )
-        elif suffix == ".txt":
-            for block in _BLANK_LINES.split(_read_text(path)):
-                block = block.strip("\n")
-                if block.strip():
-                    yield block
+@dataclass
+class ReadStats:
+    """What one pass over a corpus skipped."""
+
+    bad_records: int = 0
+    first_bad_record: str | None = None
+    not_text: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
+
+
+class Corpus:
+    """Documents of input files and directories (None: the default stdlib corpus)."""
+
+    def __init__(
+        self,
+        inputs: list[Path] | None = None,
+        text_field: str = "text",
+        skip_bad_records: bool = False,
+    ):
+        if inputs is not None:
+            self.files = expand_inputs(inputs)
         else:
-            text = _read_text(path)
-            if text.strip():
-                yield text
+            self.files = [(f, False) for f in default_corpus_files()]
+        self.text_field, self.skip_bad_records = text_field, skip_bad_records
+        self.stats = ReadStats()
 
-
-def _read_text(path: Path) -> str:
-    # Replace undecodable bytes instead of failing: one bad byte should not stop a long run.
-    return path.read_bytes().decode("utf-8", errors="replace")
-
-
-def _jsonl_documents(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    def documents(self) -> Iterator[str]:
+        """Every document in order; each call is a new pass with fresh ``stats``."""
+        self.stats = stats = ReadStats()
+        for path, explicit in self.files:
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
+                yield from self._file_documents(path, explicit, stats)
+            except OSError as e:
+                raise DataError(f"cannot read input {path} ({e.strerror or e}): check it") from None
+
+    def _file_documents(self, path: Path, explicit: bool, stats: ReadStats) -> Iterator[str]:
+        item = classify(path)
+        if isinstance(item, NotText):
+            if not explicit:  # found in a directory: skipped and listed
+                stats.not_text.append((str(path), item.reason))
+                return
+            if item.binary:
                 raise DataError(
-                    f"{path}:{lineno}: invalid JSON ({e.msg}); fix or drop that line"
-                ) from None
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise DataError(
-                    f'{path}:{lineno}: expected an object with a string "text" field; '
-                    "fix or drop that line"
+                    f"input {path} is {item.reason}, not text: pass text, JSONL or parquet "
+                    "files (optionally .gz or .zst)"
                 )
-            if text.strip():
-                yield text
+            where = f"{path}:{item.line}" if item.line > 1 else str(path)
+            records = iter([BadRecord(where, f"{item.reason}; re-encode it as UTF-8")])
+        else:
+            records = read_documents(item, self.text_field)
+        for record in records:
+            if not isinstance(record, BadRecord):
+                yield record
+                continue
+            message = f"{record.where}: {record.reason}"
+            if not self.skip_bad_records:
+                raise DataError(
+                    f"{message}: fix or remove that record, or pass --skip-bad-records "
+                    "to skip and count such records"
+                )
+            stats.bad_records += 1
+            stats.first_bad_record = stats.first_bad_record or message
+
+
+def iter_documents(paths: list[Path], text_field: str = "text") -> Iterator[str]:
+    """The documents of ``paths`` in order (see the module docstring); bad records raise."""
+    return Corpus(paths, text_field).documents()

@@ -9,14 +9,97 @@ micro-batches. Changing the world size or micro-batch size changes who computes 
 which sequences make up step ``k`` -- so a run can resume on a different cluster shape.
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from yatrain.data.documents import document_layout
 from yatrain.data.shards import TokenShards
 from yatrain.errors import DataError
 
 
-class GlobalBatchLoader:
+def check_batching(
+    seq_len: int,
+    global_batch_size: int,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+) -> None:
+    """The batch shape and rank are usable (one line naming the key otherwise)."""
+    for name, value in [
+        ("data.seq_len", seq_len),
+        ("data.global_batch_size", global_batch_size),
+        ("data.micro_batch_size", micro_batch_size),
+        ("world size", world_size),
+    ]:
+        if value < 1:
+            raise DataError(f"{name} must be a positive integer, got {value}")
+    if not 0 <= rank < world_size:
+        raise DataError(f"rank {rank} is outside world size {world_size}")
+    if seed < 0:
+        raise DataError(f"seed must be a non-negative integer, got {seed}")
+    per_step = micro_batch_size * world_size
+    if global_batch_size % per_step:
+        raise DataError(
+            f"data.global_batch_size {global_batch_size} is not a multiple of "
+            f"data.micro_batch_size x world size = {micro_batch_size} x {world_size}: "
+            "change one of them"
+        )
+
+
+class BatchLoader:
+    """What the training loop uses of a loader: one step's micro-batches at a time, the
+    position as state, and the document structure of a batch when attention is masked."""
+
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int
+    world_size: int
+    rank: int
+    step: int
+    tokenizer_files: list[Path]
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    document_mask: bool = False
+    restart_positions: bool = False
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per rank per optimizer step."""
+        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Target tokens in one global batch, over all ranks."""
+        return self.global_batch_size * self.seq_len
+
+    def attention_inputs(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Extra model inputs for ``inputs`` [B, T]: document ids (and restarted positions)
+        when ``document_mask`` is on, else nothing (the model's plain causal path)."""
+        if not self.document_mask:
+            return {}
+        return document_layout(inputs, self.bos_id, self.eos_id, self.restart_positions)
+
+    def describe(self, steps: int) -> str:
+        """One line for the run's log: what the first ``steps`` steps read."""
+        raise NotImplementedError
+
+    def _micro_batches(self, windows: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Cut this rank's [per_rank, seq_len + 1] token windows into (x, y) micro-batches."""
+        tokens = torch.from_numpy(windows)
+        m = self.micro_batch_size
+        return [
+            (tokens[i : i + m, :-1].contiguous(), tokens[i : i + m, 1:].contiguous())
+            for i in range(0, len(tokens), m)
+        ]
+
+
+class GlobalBatchLoader(BatchLoader):
     """Yields this rank's micro-batches of (inputs, targets) for one optimizer step at a time."""
 
     def __init__(
@@ -28,26 +111,11 @@ class GlobalBatchLoader:
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
+        *,
+        document_mask: bool = False,
+        restart_positions: bool = False,
     ):
-        for name, value in [
-            ("data.seq_len", seq_len),
-            ("data.global_batch_size", global_batch_size),
-            ("data.micro_batch_size", micro_batch_size),
-            ("world size", world_size),
-        ]:
-            if value < 1:
-                raise DataError(f"{name} must be a positive integer, got {value}")
-        if not 0 <= rank < world_size:
-            raise DataError(f"rank {rank} is outside world size {world_size}")
-        if seed < 0:
-            raise DataError(f"seed must be a non-negative integer, got {seed}")
-        per_step = micro_batch_size * world_size
-        if global_batch_size % per_step:
-            raise DataError(
-                f"data.global_batch_size {global_batch_size} is not a multiple of "
-                f"data.micro_batch_size x world size = {micro_batch_size} x {world_size}: "
-                "change one of them"
-            )
+        check_batching(seq_len, global_batch_size, micro_batch_size, rank, world_size, seed)
         self.num_windows = max(0, (shards.num_tokens - 1) // seq_len)
         if self.num_windows < global_batch_size:
             raise DataError(
@@ -61,16 +129,9 @@ class GlobalBatchLoader:
         self.batches_per_epoch = self.num_windows // global_batch_size
         self.step = 0
         self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
-
-    @property
-    def accumulation_steps(self) -> int:
-        """Micro-batches per rank per optimizer step."""
-        return self.global_batch_size // (self.micro_batch_size * self.world_size)
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Target tokens in one global batch, over all ranks."""
-        return self.global_batch_size * self.seq_len
+        self.tokenizer_files, self.vocab_size = shards.tokenizer_files, shards.vocab_size
+        self.bos_id, self.eos_id = shards.bos_id, shards.eos_id
+        self.document_mask, self.restart_positions = document_mask, restart_positions
 
     @property
     def epoch(self) -> int:
@@ -83,6 +144,13 @@ class GlobalBatchLoader:
             self._perm_epoch = epoch
         return self._perm
 
+    def describe(self, steps: int) -> str:
+        epochs = steps * self.global_batch_size / self.num_windows
+        return (
+            f"data {self.shards.path}: {self.num_windows:,} windows of {self.seq_len}+1 tokens, "
+            f"{epochs:.2f} epochs over {steps:,} steps"
+        )
+
     def global_batch(self, step: int) -> np.ndarray:
         """Window indices of global step ``step``, in order (the same for every rank)."""
         epoch, index = divmod(step, self.batches_per_epoch)
@@ -94,16 +162,9 @@ class GlobalBatchLoader:
         per_rank = self.global_batch_size // self.world_size
         windows = self.global_batch(self.step)[self.rank * per_rank : (self.rank + 1) * per_rank]
         span = self.seq_len + 1
-        tokens = torch.from_numpy(
-            np.stack([self.shards.read(int(j) * self.seq_len, span) for j in windows])
-        )
-        m = self.micro_batch_size
-        batches = [
-            (tokens[i : i + m, :-1].contiguous(), tokens[i : i + m, 1:].contiguous())
-            for i in range(0, per_rank, m)
-        ]
+        tokens = np.stack([self.shards.read(int(j) * self.seq_len, span) for j in windows])
         self.step += 1
-        return batches
+        return self._micro_batches(tokens)
 
     def state_dict(self) -> dict:
         """The position in the global sample order, plus what it is only valid for."""

@@ -1,10 +1,12 @@
-"""The tokenized data set on disk: writing it (``prepare_data``) and reading it (``TokenShards``).
+"""The tokenized data set on disk: its format, the shard writer, and ``TokenShards`` to read it.
 
 A data directory holds::
 
-    tokenizer.model       the sentencepiece model the tokens were produced with
+    tokenizer.model       the tokenizer the tokens were produced with (sentencepiece or
+                          tiktoken), or tokenizer.json + tokenizer_config.json (Hugging Face)
     tokens-00000.bin ...  raw little-endian uint16 (vocab <= 65536) or uint32 token ids
-    manifest.json         format, dtype, tokenizer hash, counts, and per-file sizes/sha256
+    manifest.json         format, dtype, tokenizer kind/hash/BOS/EOS/vocabulary, counts,
+                          skipped inputs, and per-file sizes/sha256
 
 Every document is stored as ``[bos] + tokens + [eos]``, packed back to back with no padding;
 the files are simply consecutive pieces of that one stream. The directory is built under a
@@ -13,27 +15,19 @@ temporary name and renamed into place at the end, so a directory with a manifest
 
 import hashlib
 import json
-import os
-import secrets
-import shutil
-import sys
-import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
-from yatrain.data.corpus import default_corpus_files, expand_inputs, iter_documents
-from yatrain.data.tokenizer import Tokenizer, file_sha256, train_tokenizer
+from yatrain.data.tokenizer import file_sha256
 from yatrain.errors import DataError
 
 FORMAT = "yatrain-tokens-v1"
 MANIFEST = "manifest.json"
-TOKENIZER = "tokenizer.model"
+TOKENIZER = "tokenizer.model"  # the tokenizer file of data prepared before tokenizer kinds
+TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "hf")
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _VERIFY_MAX_BYTES = 512 * 2**20  # above this, hashing every shard on open costs too much
-_BATCH_DOCS, _BATCH_CHARS = 1000, 4_000_000  # encode_batch granularity: speed vs memory
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -41,7 +35,7 @@ def token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
-class _ShardWriter:
+class ShardWriter:
     """Appends tokens to ``tokens-NNNNN.bin`` files of at most ``shard_tokens`` tokens each."""
 
     def __init__(self, directory: Path, dtype: str, shard_tokens: int):
@@ -70,127 +64,6 @@ class _ShardWriter:
         return self.files
 
 
-def _batches(documents: Iterable[str]) -> Iterator[list[str]]:
-    batch, chars = [], 0
-    for doc in documents:
-        batch.append(doc)
-        chars += len(doc)
-        if len(batch) >= _BATCH_DOCS or chars >= _BATCH_CHARS:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
-
-
-def prepare_data(
-    output: Path,
-    inputs: list[Path] | None,
-    tokenizer: Path | None = None,
-    vocab_size: int | None = None,
-    shard_tokens: int = 50_000_000,
-    progress: bool = True,
-) -> dict:
-    """Tokenize ``inputs`` (default: the stdlib corpus) into a new data directory ``output``.
-
-    Either copies an existing ``tokenizer`` model or trains one with ``vocab_size`` pieces on
-    the same documents. Returns the manifest. Nothing is left behind if anything fails.
-    """
-    output = Path(output)
-    if (tokenizer is None) == (vocab_size is None):
-        raise DataError(
-            "pass exactly one of a tokenizer model to reuse (--tokenizer) or a vocab size "
-            "to train a new one (--vocab-size)"
-        )
-    if shard_tokens < 1:
-        raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise DataError(f"output {output} already exists: choose another directory or delete it")
-    paths = expand_inputs(inputs) if inputs else default_corpus_files()
-    if next(iter_documents(paths), None) is None:
-        raise DataError("the inputs contain no text (no non-empty documents): check --input")
-
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
-        manifest = _build(tmp, paths, tokenizer, vocab_size, shard_tokens, progress)
-        try:
-            os.rename(tmp, output)  # atomic; replaces ``output`` only if it is an empty dir
-        except OSError:
-            raise DataError(
-                f"output {output} appeared while preparing data: choose another directory"
-            ) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
-
-
-def _build(
-    tmp: Path,
-    paths: list[Path],
-    tokenizer: Path | None,
-    vocab_size: int | None,
-    shard_tokens: int,
-    progress: bool,
-) -> dict:
-    """Fill ``tmp`` with tokenizer, token files and manifest; returns the manifest."""
-    model = tmp / TOKENIZER
-    if vocab_size is not None:
-        start = time.perf_counter()
-        if progress:
-            print(f"training a {vocab_size}-piece BPE tokenizer...", file=sys.stderr)
-        train_tokenizer(iter_documents(paths), model.with_suffix(""), vocab_size)
-        if progress:
-            print(f"tokenizer trained in {time.perf_counter() - start:.1f}s", file=sys.stderr)
-    else:
-        Tokenizer(tokenizer)  # fail early, with a clear message, on a bad model
-        shutil.copyfile(tokenizer, model)
-    tok = Tokenizer(model)
-    dtype = token_dtype(tok.vocab_size)
-    writer = _ShardWriter(tmp, dtype, shard_tokens)
-
-    start, num_documents, num_tokens = time.perf_counter(), 0, 0
-    bar = tqdm(
-        desc="tokenizing", unit="tok", unit_scale=True, file=sys.stderr, disable=not progress
-    )
-    for batch in _batches(iter_documents(paths)):
-        flat: list[int] = []
-        for ids in tok.encode_batch(batch):
-            flat.append(tok.bos_id)
-            flat.extend(ids)
-            flat.append(tok.eos_id)
-        writer.write(np.array(flat, dtype=np.int64))
-        num_documents += len(batch)
-        num_tokens += len(flat)
-        bar.update(len(flat))
-        bar.set_postfix(docs=num_documents)
-    bar.close()
-    files = writer.close()
-    seconds = time.perf_counter() - start
-    if num_tokens == 0:
-        raise DataError("the inputs produced no tokens: check --input")
-
-    manifest = {
-        "format": FORMAT,
-        "dtype": dtype,
-        "tokenizer_sha256": tok.sha256,
-        "vocab_size": tok.vocab_size,
-        "bos_id": tok.bos_id,
-        "eos_id": tok.eos_id,
-        "num_documents": num_documents,
-        "num_tokens": num_tokens,
-        "files": files,
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    print(
-        f"tokenized {num_documents:,} documents into {num_tokens:,} tokens in {seconds:.1f}s "
-        f"({num_tokens / max(seconds, 1e-9):,.0f} tokens/s), {len(files)} file(s)",
-        file=sys.stderr,
-    )
-    return manifest
-
-
 class TokenShards:
     """Read-only view of a data directory as one long token stream (memory-mapped)."""
 
@@ -202,7 +75,12 @@ class TokenShards:
         self.vocab_size: int = manifest["vocab_size"]
         self.num_tokens: int = manifest["num_tokens"]
         self.tokenizer_sha256: str = manifest["tokenizer_sha256"]
-        self.tokenizer_path: Path = path / TOKENIZER
+        self.tokenizer_kind: str = manifest.get("tokenizer_kind", "sentencepiece")
+        self.bos_id: int = manifest["bos_id"]
+        self.eos_id: int = manifest["eos_id"]
+        names = manifest.get("tokenizer_files", [TOKENIZER])
+        self.tokenizer_files: list[Path] = [path / name for name in names]
+        self.tokenizer_path: Path = self.tokenizer_files[0]  # the vocabulary file (hashed)
 
     @classmethod
     def open(cls, path: Path, verify_checksums: bool | None = None) -> "TokenShards":
@@ -219,11 +97,14 @@ class TokenShards:
             verify_checksums = total_bytes <= _VERIFY_MAX_BYTES
         fix = f"re-run `yatrain prepare-data` into a new directory to rebuild {path}"
 
-        model = path / TOKENIZER
-        if not model.is_file():
-            raise DataError(f"{model} is missing: {fix}")
-        if file_sha256(model) != manifest["tokenizer_sha256"]:
-            raise DataError(f"{model} does not match the tokenizer_sha256 in the manifest: {fix}")
+        names = manifest.get("tokenizer_files", [TOKENIZER])
+        for name in names:
+            if not (path / name).is_file():
+                raise DataError(f"{path / name} is missing: {fix}")
+        if file_sha256(path / names[0]) != manifest["tokenizer_sha256"]:
+            raise DataError(
+                f"{path / names[0]} does not match the tokenizer_sha256 in the manifest: {fix}"
+            )
 
         arrays = []
         for entry in manifest["files"]:
@@ -283,6 +164,12 @@ def _load_manifest(file: Path) -> dict:
     for key, kind in fields.items():
         if not isinstance(manifest.get(key), kind):
             raise DataError(f"{file} lacks a valid {key!r} field: {fix}")
+    names = manifest.get("tokenizer_files", [TOKENIZER])  # absent before tokenizer kinds
+    valid = isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    if not valid or any("/" in n or n.startswith(".") for n in names):
+        raise DataError(f"{file} has an invalid 'tokenizer_files' field {names!r}: {fix}")
+    if manifest.get("tokenizer_kind", "sentencepiece") not in TOKENIZER_KINDS:
+        raise DataError(f"{file} has an unknown tokenizer_kind: {fix}")
     if manifest["dtype"] not in _DTYPES or manifest["dtype"] != token_dtype(manifest["vocab_size"]):
         raise DataError(
             f"{file} has dtype {manifest['dtype']!r} for vocab size {manifest['vocab_size']}: {fix}"

@@ -1,26 +1,25 @@
-"""Training and using a sentencepiece BPE tokenizer.
+"""One ``Tokenizer`` interface over three file formats, told apart by their content.
 
-The settings aim at exact round trips, ``decode(encode(text)) == text``, on code and prose:
-no normalization, whitespace kept as-is (runs of spaces become pieces, which suits Python
-indentation), no dummy leading space, and byte fallback so that any character the model
-never saw (a newline included: training sees single lines) still encodes, as UTF-8 bytes.
-The one exception is U+2581 "▁", which sentencepiece itself uses to stand for a space.
+- sentencepiece ``.model`` (Llama 2, or one trained by ``prepare-data --vocab-size``): a
+  protobuf file;
+- tiktoken BPE ranks (Llama 3's ``tokenizer.model``): text, one ``base64 rank`` per line;
+- Hugging Face ``tokenizer.json`` (or a model directory holding one): a JSON document.
+
+Every kind encodes ordinary text only: text that looks like a special token (``<s>``,
+``<|eot_id|>``) is encoded as the characters it is, never as that token. BOS and EOS are
+the ids the data pipeline wraps each document in; a tokenizer without them is refused.
 """
 
+from __future__ import annotations
+
 import hashlib
-import io
-import re
-from collections.abc import Iterable, Iterator
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import sentencepiece as spm
-
-from yatrain.errors import DataError
-
-BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
-MIN_VOCAB_SIZE = 260  # 256 byte pieces + 3 specials; each distinct character needs one more
-_MAX_LINE_BYTES = 1 << 15  # longer lines (minified data, tables) would only slow training
-_MAX_TRAINING_LINES = 2_000_000  # sentencepiece samples this many lines when given more
+import numpy as np
 
 
 def file_sha256(path: Path) -> str:
@@ -32,106 +31,64 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _training_lines(documents: Iterable[str]) -> Iterator[str]:
-    # sentencepiece learns from "sentences"; for code and prose a line is the natural one.
-    for doc in documents:
-        for line in doc.split("\n"):
-            if line.strip() and len(line.encode("utf-8")) <= _MAX_LINE_BYTES:
-                yield line
+class Tokenizer(ABC):
+    """What the data pipeline needs from a tokenizer, whatever its file format."""
 
+    kind: str  # "sentencepiece", "tiktoken" or "hf"
+    path: Path  # the file the vocabulary was read from
+    vocab_size: int  # one more than the largest id it can produce (specials included)
+    bos_id: int
+    eos_id: int
+    sha256: str  # of ``path``: identifies the tokenizer in manifests and checkpoints
 
-def train_tokenizer(documents: Iterable[str], output_prefix: Path, vocab_size: int) -> Path:
-    """Train a BPE model on the lines of ``documents``; returns ``<output_prefix>.model``.
+    stored_name = "tokenizer.model"  # its name inside data directories and checkpoints
 
-    The same documents and vocab size give the same model file, byte for byte.
-    """
-    if vocab_size < MIN_VOCAB_SIZE:
-        raise DataError(
-            f"vocab size {vocab_size} is too small for a byte-fallback BPE tokenizer: "
-            f"use at least {MIN_VOCAB_SIZE}"
-        )
-    model_path = Path(output_prefix).with_name(Path(output_prefix).name + ".model")
-    # Train into memory: written to a prefix, the model would record that path in its
-    # trainer spec and hash differently depending on where it was trained.
-    model = io.BytesIO()
-    spm.set_random_generator_seed(0)  # the line sampling below would otherwise vary per run
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(documents),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type="bpe",
-            byte_fallback=True,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            pad_id=-1,
-            num_threads=2,
-            input_sentence_size=_MAX_TRAINING_LINES,
-            shuffle_input_sentence=True,
-            max_sentence_length=_MAX_LINE_BYTES,
-            split_digits=True,
-            allow_whitespace_only_pieces=True,
-            remove_extra_whitespaces=False,
-            add_dummy_prefix=False,
-            normalization_rule_name="identity",
-            hard_vocab_limit=False,  # tiny corpora may not support the full vocab: use fewer
-            minloglevel=2,
-        )
-    except RuntimeError as e:
-        found = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
-        if found:
-            raise DataError(
-                f"vocab size {vocab_size} cannot hold the {found.group(1)} byte, special and "
-                f"character pieces this corpus needs: use at least {found.group(1)}"
-            ) from None
-        if "sentences_.empty()" in str(e):
-            raise DataError("no text to train the tokenizer on: check the inputs") from None
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(
-            f"tokenizer training failed ({message}): add more text or lower the vocab size"
-        ) from None
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    model_path.write_bytes(model.getvalue())
-    return model_path
+    def save(self, folder: Path) -> list[str]:
+        """Write the files that reproduce this tokenizer into ``folder``; their names."""
+        shutil.copyfile(self.path, Path(folder) / self.stored_name)
+        return [self.stored_name]
 
-
-class Tokenizer:
-    """A loaded sentencepiece model plus the facts the data pipeline checks against."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise DataError(f"tokenizer model {self.path} not found: check the tokenizer path")
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.load(str(self.path))
-        except (OSError, RuntimeError):
-            raise DataError(
-                f"{self.path} is not a sentencepiece model: pass a .model file written by "
-                "sentencepiece or by `yatrain prepare-data`"
-            ) from None
-        self.vocab_size: int = self.sp.vocab_size()
-        self.bos_id: int = self.sp.bos_id()
-        self.eos_id: int = self.sp.eos_id()
-        if self.bos_id < 0 or self.eos_id < 0:
-            raise DataError(
-                f"tokenizer {self.path} has no bos/eos tokens, which mark document boundaries: "
-                "use a model trained with bos_id and eos_id set"
-            )
-        self.sha256: str = file_sha256(self.path)
-
+    @abstractmethod
     def encode(self, text: str) -> list[int]:
-        """Token ids of one text, without bos/eos."""
-        return self.sp.encode(text)
+        """Token ids of one text, without BOS/EOS, special-looking text kept as text."""
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of many texts; sentencepiece encodes a list much faster than one by one."""
-        return self.sp.encode(list(texts))
+    def encode_batch(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        """Token ids of many texts on ``threads`` threads (the data pipeline uses one per
+        worker process and gets its parallelism from the processes)."""
+        if threads <= 1:
+            return [self.encode(text) for text in texts]
+        with ThreadPoolExecutor(threads) as pool:  # the encoders release the GIL
+            return list(pool.map(self.encode, texts))
 
+    def encode_packed(self, texts: list[str], dtype: np.dtype, threads: int = 1) -> np.ndarray:
+        """Each text's ids between BOS and EOS, back to back, as stored in data shards."""
+        flat: list[int] = []
+        for ids in self.encode_batch(texts, threads=threads):
+            flat.append(self.bos_id)
+            flat.extend(ids)
+            flat.append(self.eos_id)
+        return np.array(flat, dtype=dtype)
+
+    @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of a token id sequence; bos/eos (control tokens) decode to nothing."""
-        return self.sp.decode([int(i) for i in ids])
+        """Text of a token id sequence; BOS/EOS decode to nothing."""
+
+    @abstractmethod
+    def token_id(self, token: str) -> int | None:
+        """The id of a token string (special tokens included), or None if it has none."""
+
+    def describe(self) -> dict:
+        """The facts a manifest records about the tokenizer."""
+        return {
+            "tokenizer_kind": self.kind,
+            "tokenizer_sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }
 
     def __repr__(self) -> str:
-        return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+        return (
+            f"{type(self).__name__}({str(self.path)!r}, vocab_size={self.vocab_size}, "
+            f"bos={self.bos_id}, eos={self.eos_id})"
+        )

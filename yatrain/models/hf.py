@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
 
 _LAYER = {
@@ -82,7 +83,7 @@ def hf_config(cfg: ModelConfig, dtype: str, bos_id: int, eos_id: int) -> dict:
         "tie_word_embeddings": False,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
-        "torch_dtype": {"bf16": "bfloat16", "fp32": "float32"}[dtype],
+        "torch_dtype": str(DTYPES[dtype]).removeprefix("torch."),
     }
 
 

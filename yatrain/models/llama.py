@@ -48,15 +48,26 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, D] as complex numbers by the angles.
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, D] as complex numbers by the angles
+    (cos/sin [T, D/2], or [B, T, D/2] when each sequence has its own positions).
 
     Real arithmetic equivalent of Meta's view_as_complex(x) * polar(1, angles); done in float32.
     """
     xf = x.float().unflatten(-1, (-1, 2))
     x0, x1 = xf[..., 0], xf[..., 1]
-    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D/2] broadcasts over batch and heads
+    # [T, 1, D/2] (or per sequence [B, T, 1, D/2]) broadcasts over batch and heads
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).type_as(x)
+
+
+def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] boolean: query t may attend key s iff s <= t and both are in one document
+    (block-diagonal causal; every query keeps at least itself)."""
+    seq_len = document_ids.shape[1]
+    same = document_ids[:, None, :, None] == document_ids[:, None, None, :]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=document_ids.device).tril()
+    return same & causal
 
 
 class Attention(nn.Module):
@@ -70,14 +81,23 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if mask is None:  # the plain causal path: lets SDPA pick its fastest kernel
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -104,8 +124,14 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -153,22 +179,38 @@ class Llama(nn.Module):
             self.rope_cache[key] = rope_cos_sin(cfg.head_dim, seq_len, cfg.rope_theta, device)
         return self.rope_cache[key]
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """tokens [B, T] (int64) -> logits [B, T, vocab_size] in the compute dtype; with
-        targets [B, T], the mean cross-entropy loss (fp32 scalar) without full logits."""
+        ``targets`` [B, T], the mean cross-entropy loss (fp32 scalar) instead, computed by the
+        output head chunk by chunk without full logits (models/loss.py).
+
+        ``document_ids`` [B, T] keeps attention within each document of a packed sequence;
+        ``positions`` [B, T] (each below max_seq_len) replaces 0..T-1 as rotary positions.
+        """
         seq_len = tokens.shape[1]
         if seq_len > self.cfg.max_seq_len:
             raise ValueError(
                 f"sequence length {seq_len} exceeds max_seq_len {self.cfg.max_seq_len}"
             )
         x = self.tok_embeddings(tokens)
-        cos, sin = self.rope(seq_len, tokens.device)
+        if positions is None:
+            cos, sin = self.rope(seq_len, tokens.device)
+        else:
+            cos, sin = self.rope(self.cfg.max_seq_len, tokens.device)
+            cos, sin = cos[positions], sin[positions]
+        mask = None if document_ids is None else document_causal_mask(document_ids)
         for i, layer in enumerate(self.layers):
             if i < self.activation_checkpoint_layers and torch.is_grad_enabled():
                 # Keep only the layer input; recompute its activations during backward.
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
-                x = layer(x, cos, sin)
+                x = layer(x, cos, sin, mask)
         h = self.norm(x)
         return self.output(h) if targets is None else self.output(h, targets)
 

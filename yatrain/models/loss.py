@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_TOKENS = 512
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it add no loss
 
 

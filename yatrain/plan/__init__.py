@@ -1,19 +1,22 @@
-"""Memory planning (how much a step needs per GPU, how many layers to checkpoint) and the
-sequence-length sweep that measures it."""
+"""Memory planning: how much a step needs per device and how many layers to checkpoint.
 
-from yatrain.plan.memory import (
-    MemoryPlan,
-    engine_state_bytes,
-    plan_for_layers,
-    plan_memory,
-    resolve_auto_checkpoint_layers,
-)
+Pure arithmetic on the recipe (``memory``), checked against live tensors (``memtrack``);
+``limits`` decides what to plan against and resolves ``auto``; ``report`` words the answer.
+Below the training loop: it imports no part of ``yatrain.train``.
+"""
+
+from yatrain.plan.limits import memory_limit, resolve_auto_checkpoint_layers
+from yatrain.plan.memory import MemoryPlan, engine_state_bytes, plan_for_layers, plan_memory
 from yatrain.plan.memtrack import LiveTensorTracker
+from yatrain.plan.report import explain, format_plan
 
 __all__ = [
     "LiveTensorTracker",
     "MemoryPlan",
     "engine_state_bytes",
+    "explain",
+    "format_plan",
+    "memory_limit",
     "plan_for_layers",
     "plan_memory",
     "resolve_auto_checkpoint_layers",

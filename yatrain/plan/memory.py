@@ -26,13 +26,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-import torch
-
+from yatrain.common import GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import flops_per_token
 
-GIB = 2**30
-DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
 COMM_BYTES = 1 * GIB  # NCCL channel buffers and the communication stream's scratch
 FRAGMENTATION = 0.05  # of device memory: caching-allocator rounding and fragmentation
@@ -79,7 +76,7 @@ def engine_state_bytes(
     m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int
 ) -> dict[str, int]:
     """Bytes per rank of every tensor the engine and AdamW keep for the whole run."""
-    u, p, r = UnitSizes.of(m), DTYPE_BYTES[dtype], DTYPE_BYTES[reduce_dtype]
+    u, p, r = UnitSizes.of(m), dtype_bytes(dtype), dtype_bytes(reduce_dtype)
     shards = 2 * _shard(u.embedding, world) + m.n_layers * _shard(u.layer, world)
     shards += _shard(u.small, world)  # (embedding and output have equal sizes)
     direct = world == 1
@@ -124,7 +121,7 @@ class ActivationSizes:
 
     @classmethod
     def of(cls, m: ModelConfig, seq_len: int, micro_batch: int, dtype: str) -> ActivationSizes:
-        p, n, d = DTYPE_BYTES[dtype], seq_len * micro_batch, m.dim
+        p, n, d = dtype_bytes(dtype), seq_len * micro_batch, m.dim
         kv = m.n_kv_heads * m.head_dim
         norm = n * (4 * d + 2 * p * d)  # fp32 input (pow), normalised (mul), output (linear)
         attention = n * p * (2 * d + 2 * kv)  # rotated q, k; v; attention output
@@ -308,51 +305,3 @@ def plan_memory(
         "fits": recipe_plan.fits,
     }
     return plan
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
-def explain(plan: MemoryPlan) -> str:
-    """One line: the choice and why."""
-    n, k = plan.n_layers, plan.activation_checkpoint_layers
-    limit = plan.gpu_memory_bytes
-    peak = f"predicted peak {gib(plan.peak_bytes_per_gpu)} per GPU"
-    if limit is None:
-        return f"{k} of {n} layers checkpointed: {peak} (no memory limit given)"
-    if not plan.fits:
-        need = (
-            f"needs at least {plan.min_gpus} GPUs"
-            if plan.min_gpus
-            else "no GPU count helps: lower data.micro_batch_size or data.seq_len"
-        )
-        return (
-            f"does not fit even with all {n} layers checkpointed ({peak} > {gib(limit)} "
-            f"on {plan.world_size} GPUs): {need}"
-        )
-    cost = f"recompute +{plan.recompute_flops_fraction:.1%} of step FLOPs"
-    return f"checkpoint the first {k} of {n} layers: {peak} of {gib(limit)} ({cost})"
-
-
-def resolve_auto_checkpoint_layers(
-    recipe: Recipe, world_size: int, device: torch.device
-) -> tuple[int, str]:
-    """The layer count ``activation_checkpoint_layers: auto`` stands for on this device, and
-    one line saying why. The memory limit is ``sharding.gpu_memory_gib`` if set, else the CUDA
-    device's total memory; a CPU without a limit gets 0 (nothing to plan against)."""
-    limit_gib = recipe.sharding.gpu_memory_gib
-    device = torch.device(device)
-    if limit_gib is not None:
-        limit, source = int(limit_gib * GIB), "sharding.gpu_memory_gib"
-    elif device.type == "cuda":
-        limit = torch.cuda.get_device_properties(device).total_memory
-        source = torch.cuda.get_device_name(device)
-    else:
-        return 0, (
-            f"activation_checkpoint_layers auto -> 0: {device.type} has no device memory "
-            "limit to plan against (set sharding.gpu_memory_gib to plan for one)"
-        )
-    plan = plan_memory(recipe, world_size, limit)
-    chosen = plan.activation_checkpoint_layers
-    return chosen, f"activation_checkpoint_layers auto -> {chosen} ({source}): {explain(plan)}"

@@ -60,11 +60,6 @@ class FlatLayout:
         return start, start + self.shard_numel
 
 
-def flat_numels(layouts: list[FlatLayout], small: FlatLayout) -> list[int]:
-    """Each unit's real length, then the small group's (what a checkpoint must match)."""
-    return [layout.numel for layout in layouts] + [small.numel]
-
-
 def alias(buffer: torch.Tensor) -> torch.Tensor:
     """A tensor sharing ``buffer``'s memory but with its own autograd version counter.
 

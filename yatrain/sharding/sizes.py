@@ -25,9 +25,10 @@ The rules, and why:
   elements in the reduce dtype; each piece's result lands in its place of the fp32 gradient
   shard (straight into it on the first micro-batch, through one piece-sized output buffer
   and an add on later ones). Nothing the size of a whole unit is staged.
-- World size 1 without a process group (``direct``): parameters are views of the shard, so
-  there are no gather buffers; fp32 gradients land in the fp32 shard, bf16 ones pass
-  through the gradient buffers and are added into it.
+- World size 1 without a process group (``direct``): parameters are views of the shard
+  (or of its bf16 copy), so there are no gather buffers, and each gradient is copied (cast)
+  into the fp32 gradient shard as it arrives: no gradient buffers either. The norm group's
+  gradient accumulates in its own buffer when it is bf16.
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ def _none(dtype: torch.dtype) -> BufferSpec:
     return BufferSpec(0, 0, dtype)
 
 
+def _gather_rotation(
+    sizes: list[int], ring: int, dtype: torch.dtype
+) -> tuple[BufferSpec, BufferSpec]:
+    """All units in one rotation, or the edge units in one buffer of their own: the one
+    that costs fewer bytes (ties keep the plain rotation)."""
+    edges = sorted({0, len(sizes) - 1})
+    inner = [s for i, s in enumerate(sizes) if i not in edges]
+    options = [(BufferSpec(ring, max(sizes), dtype), _none(dtype))]
+    if inner:
+        edge_n = max(sizes[i] for i in edges)
+        options.append((BufferSpec(ring, max(inner), dtype), BufferSpec(1, edge_n, dtype)))
+    return min(options, key=lambda o: o[0].bytes + o[1].bytes)
+
+
 def engine_buffers(
     unit_numels: Sequence[int],
     single_tensor: Sequence[bool],
@@ -120,9 +135,9 @@ def engine_buffers(
     fp32 = p == torch.float32
     ring = prefetch_depth + 1
 
-    # Gradient buffers: units with several tensors; none when fp32 gradients land in place.
+    # Gradient buffers: units with several tensors, when there is something to reduce.
     slot_units = [s for s, single in zip(sizes, single_tensor, strict=True) if not single]
-    if direct and fp32:
+    if direct:
         slot_units = []
     grad = BufferSpec(min(2, len(slot_units)), max(slot_units, default=0), p)
     small_grad = _none(p) if direct and fp32 else BufferSpec(1, padded(small_numel, w), p)
@@ -134,15 +149,7 @@ def engine_buffers(
             small_gather=none, small_grad=small_grad, small_out=_none(r), piece_numel=0,
         )  # fmt: skip
 
-    # Gather rotation: all units alike, or edge units in one buffer of their own.
-    edges = sorted({0, len(sizes) - 1})
-    inner = [s for i, s in enumerate(sizes) if i not in edges]
-    options = [(BufferSpec(ring, max(sizes), p), _none(p))]
-    if inner:
-        edge_n = max(sizes[i] for i in edges)
-        options.append((BufferSpec(ring, max(inner), p), BufferSpec(1, edge_n, p)))
-    # Ties keep the plain rotation (listed first).
-    gather, edge_gather = min(options, key=lambda o: o[0].bytes + o[1].bytes)
+    gather, edge_gather = _gather_rotation(sizes, ring, p)
 
     # Reduce-scatter pieces: never larger than the largest shard, nor the staging cap.
     piece = max(1, min(piece_numel, max(sizes) // w, STAGING_MAX_NUMEL // w))

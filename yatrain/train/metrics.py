@@ -15,11 +15,19 @@ platform offers neither.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from yatrain.common import DTYPES
+from yatrain.config import Recipe
+from yatrain.models.llama import flops_per_token
+from yatrain.train.record import MetricsRecord
+from yatrain.train.report import run_summary
+from yatrain.train.runtime import Runtime
 
 # Dense peak FLOP/s per device (vendor data sheets, SXM parts, no sparsity).
 PEAK_FLOPS = {
@@ -47,9 +55,8 @@ def measure_matmul_flops(
 
     Taking the best (not the mean) keeps a busy neighbour from lowering the peak, which
     would inflate MFU; on a machine that stays loaded it still reads low."""
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a = torch.randn(size, size, device=device, dtype=torch_dtype)
-    b = torch.randn(size, size, device=device, dtype=torch_dtype)
+    a = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
+    b = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
     best = float("inf")
     for _ in range(trials):
         synchronize(device)
@@ -100,15 +107,72 @@ def _vm_hwm_bytes() -> int | None:
     return None
 
 
-class MetricsFile:
-    """``metrics.jsonl``: one JSON object per logged step, flushed as it is written."""
+class StepMeter:
+    """Measures the run over logging windows and owns their cadence (``due``).
 
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("a", encoding="utf-8")
+    A window runs from one logged step to the next: its step time, tokens/s, MFU and data
+    wait are window averages, its peak memory the window's peak. Time spent saving
+    checkpoints is ``exclude``-d, so saves never count as step time. Every rank measures
+    (the loss is averaged across ranks, a collective); only rank 0 logs."""
 
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+    def __init__(self, recipe: Recipe, runtime: Runtime, tokens_per_step: int) -> None:
+        self.runtime, self.device = runtime, runtime.device
+        self.log_every, self.total_steps = recipe.train.log_every, recipe.train.steps
+        self.dtype = recipe.train.dtype
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token(recipe.model, recipe.data.seq_len)
+        self.peak_flops, self.peak_source = peak_flops(self.device, recipe.train.dtype)
+        self.records: list[MetricsRecord] = []
 
-    def close(self) -> None:
-        self.file.close()
+    def start(self, first_step: int) -> None:
+        """Open the first window; ``first_step`` is always logged."""
+        self.first_step = first_step
+        self.memory = PeakMemory(self.device)
+        self.run_start = time.perf_counter()
+        self.open_window()
+
+    def open_window(self) -> None:
+        """Start timing the next window (after a record is logged: logging is not step time)."""
+        self.window_start, self.window_steps, self.data_wait = time.perf_counter(), 0, 0.0
+
+    def due(self, step: int) -> bool:
+        """Log this step? The first, every ``train.log_every``-th, and the last."""
+        return step == self.first_step or step % self.log_every == 0 or step == self.total_steps
+
+    @contextlib.contextmanager
+    def waiting_for_data(self) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.data_wait += time.perf_counter() - start
+
+    def step_done(self) -> None:
+        self.window_steps += 1
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` (a checkpoint save) out of the current window."""
+        self.window_start += seconds
+
+    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
+               bytes_sent: int, skipped_steps: int) -> MetricsRecord:  # fmt: skip
+        """The record of the window that ends at ``step``; collective (averages the loss
+        over ranks). The caller logs it, then opens the next window."""
+        if self.runtime.distributed:
+            loss = loss.clone()
+            dist.all_reduce(loss)
+            loss /= self.runtime.world_size
+        synchronize(self.device)
+        record = MetricsRecord.measure(
+            step=step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(),
+            tokens_per_step=self.tokens_per_step,
+            window_s=time.perf_counter() - self.window_start, window_steps=self.window_steps,
+            world_size=self.runtime.world_size, flops_per_token=self.flops_per_token,
+            peak_flops=self.peak_flops, peak_memory=self.memory.read(),
+            data_wait_s=self.data_wait, bytes_sent=bytes_sent, skipped_steps=skipped_steps,
+        )  # fmt: skip
+        self.records.append(record)
+        return record
+
+    def summary(self, run_dir: Path) -> dict:
+        """The run's summary over every window (``report.run_summary``)."""
+        wall = time.perf_counter() - self.run_start
+        return run_summary(self.records, wall, run_dir, self.dtype, self.runtime.world_size)

@@ -1,70 +1,42 @@
-"""Turn a logging window's measurements into the metrics record, log line and summary."""
+"""A run in words: the console line of a logged step and the end-of-run summary."""
 
 from __future__ import annotations
 
-import sys
-
-from tqdm import tqdm
-
-
-def metrics_record(
-    *, step, loss, lr, grad_norm, tokens_per_step, window_s, window_steps, world_size,
-    flops_per_token, peak_flops, peak_memory, data_wait_s, bytes_sent, skipped_steps,
-) -> dict:  # fmt: skip
-    tokens_per_s = window_steps * tokens_per_step / window_s
-    per_device = tokens_per_s / world_size
-    return {
-        "step": step,
-        "loss": loss,
-        "lr": lr,
-        "grad_norm": grad_norm,
-        "tokens_seen": step * tokens_per_step,
-        "step_time_s": window_s / window_steps,
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_device": per_device,
-        "tflops_per_device": per_device * flops_per_token / 1e12,
-        "mfu": per_device * flops_per_token / peak_flops,
-        "peak_memory_bytes": peak_memory,
-        "data_wait_frac": data_wait_s / window_s,
-        "comm_bytes_sent": bytes_sent,
-        "skipped_steps": skipped_steps,
-    }
+from yatrain.common import format_bytes
+from yatrain.train.record import MetricsRecord, largest_peak_memory, steady_means
 
 
-def log_line(r: dict) -> str:
-    mem = "n/a" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**30:.2f}GiB"
+def log_line(r: MetricsRecord) -> str:
     return (
-        f"step {r['step']:>6} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-        f"gnorm {r['grad_norm']:.3f} | {r['step_time_s']:.3f}s/step | "
-        f"{r['tokens_per_s_per_device']:,.0f} tok/s/dev | {r['tflops_per_device']:.2f} TFLOP/s | "
-        f"MFU {r['mfu']:.1%} | mem {mem}"
+        f"step {r.step:>6} | loss {r.loss:.4f} | lr {r.lr:.2e} | gnorm {r.grad_norm:.3f} | "
+        f"{r.step_time_s:.3f}s/step | {r.tokens_per_s_per_device:,.0f} tok/s/dev | "
+        f"{r.tflops_per_device:.2f} TFLOP/s | MFU {r.mfu:.1%} | "
+        f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}"
     )
 
 
-def run_summary(records: list[dict], wall_s: float, run_dir, dtype: str, world_size: int) -> dict:
+SUMMARY_MEANS = ("step_time_s", "tokens_per_s_per_device", "mfu", "data_wait_frac")
+
+
+def run_summary(
+    records: list[MetricsRecord], wall_s: float, run_dir, dtype: str, world_size: int
+) -> dict:
     """Averages over the logged windows, leaving out step 1 (start-up) when there are others."""
     if not records:
         return {"run_dir": str(run_dir), "steps": 0}
-    steady = [r for r in records if r["step"] > 1] or records
-    mem = [r["peak_memory_bytes"] for r in records if r["peak_memory_bytes"] is not None]
-
-    def mean(key: str) -> float:
-        return sum(r[key] for r in steady) / len(steady)
-
+    steady = [r for r in records if r.step > 1] or records
+    first, last = records[0], records[-1]
     return {
         "run_dir": str(run_dir),
-        "steps": records[-1]["step"],
+        "steps": last.step,
         "world_size": world_size,
-        "first_loss": records[0]["loss"],
-        "final_loss": records[-1]["loss"],
-        "tokens_seen": records[-1]["tokens_seen"],
+        "first_loss": first.loss,
+        "final_loss": last.loss,
+        "tokens_seen": last.tokens_seen,
         "wall_time_s": wall_s,
-        "step_time_s": mean("step_time_s"),
-        "tokens_per_s_per_device": mean("tokens_per_s_per_device"),
-        "mfu": mean("mfu"),
-        "data_wait_frac": mean("data_wait_frac"),
-        "peak_memory_bytes": max(mem) if mem else None,
-        "skipped_steps": records[-1]["skipped_steps"],
+        **steady_means(steady, SUMMARY_MEANS),
+        "peak_memory_bytes": largest_peak_memory(records),
+        "skipped_steps": last.skipped_steps,
         "dtype": dtype,
     }
 
@@ -75,10 +47,3 @@ def format_summary(summary: dict) -> str:
     width = max(len(k) for k, _ in rows)
     rule = "-" * (width + 3 + max(len(v) for _, v in rows))
     return "\n".join([rule, *(f"{k.ljust(width)} | {v}" for k, v in rows), rule])
-
-
-def say(message: str, bar: tqdm | None = None) -> None:
-    if bar is not None and not bar.disable:
-        bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr, flush=True)

@@ -15,40 +15,25 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from yatrain.common import DTYPES, GIB
 from yatrain.config import ModelConfig
+from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models import hf
-from yatrain.models.llama import Llama, build_model
-from yatrain.sharding.layout import flat_numels, plan_layouts
-from yatrain.train import checkpoint as ckpt
+from yatrain.models.llama import Llama
+from yatrain.sharding import InitHooks
+from yatrain.train.checkpoint import iter_full_weights, read_weights
+from yatrain.train.manifest import MANIFEST, SavedCheckpoint, open_checkpoint
 
-SHARD_BYTES = 4 * 2**30
-
-
-def _layouts(cfg: ModelConfig):
-    model = build_model(cfg)
-    layouts, small, _ = plan_layouts(model, model.units(), model.norm_modules(), 1)
-    return layouts, small
-
-
-def _checkpoint_manifest(path: Path) -> tuple[dict, ModelConfig]:
-    manifest_path = path / ckpt.MANIFEST
-    if not manifest_path.is_file():
-        raise ckpt.CheckpointError(
-            f"{path} is not a complete yatrain checkpoint (no {ckpt.MANIFEST})"
-        )
-    manifest = json.loads(manifest_path.read_text())
-    cfg = ModelConfig(**manifest["model"])
-    layouts, small = _layouts(cfg)
-    ckpt.validate_checkpoint(path, cfg, flat_numels(layouts, small))
-    return manifest, cfg
+SHARD_BYTES = 4 * GIB
 
 
 def iter_checkpoint_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    _, cfg = _checkpoint_manifest(path)
-    layouts, small = _layouts(cfg)
-    yield from ckpt.iter_full_weights(path, layouts, small)
+    """Every parameter of a checkpoint in fp32, one unit in memory at a time."""
+    yield from iter_full_weights(open_checkpoint(path))
 
 
 # ---------------------------------------------------------------------- export
@@ -56,15 +41,16 @@ def iter_checkpoint_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def export_hf(checkpoint: Path, output: Path, dtype: str | None = None) -> Path:
     """A ``LlamaForCausalLM`` directory: config.json, sharded safetensors, the tokenizer."""
-    manifest, cfg = _checkpoint_manifest(checkpoint)
-    dtype = dtype or manifest.get("dtype", "fp32")
-    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    saved = open_checkpoint(checkpoint)
+    cfg = saved.model
+    dtype = dtype or saved.manifest.get("dtype", "fp32")
+    torch_dtype = DTYPES[dtype]
     if output.exists() and any(output.iterdir()):
         raise YatrainError(f"{output} already exists and is not empty: choose another --output")
     tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
     tmp.mkdir(parents=True)
     try:
-        weight_map, total = _write_safetensors(checkpoint, cfg, torch_dtype, tmp)
+        weight_map, total = _write_safetensors(saved, torch_dtype, tmp)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
         bos, eos = _copy_tokenizer(checkpoint, tmp)
@@ -81,10 +67,8 @@ def export_hf(checkpoint: Path, output: Path, dtype: str | None = None) -> Path:
     return output
 
 
-def _write_safetensors(checkpoint: Path, cfg, torch_dtype, folder: Path):
+def _write_safetensors(saved: SavedCheckpoint, torch_dtype: torch.dtype, folder: Path):
     """Stream units into files of at most SHARD_BYTES; name them once the count is known."""
-    from safetensors.torch import save_file
-
     parts: list[tuple[Path, list[str]]] = []
     current: dict[str, torch.Tensor] = {}
     size = total = 0
@@ -94,8 +78,8 @@ def _write_safetensors(checkpoint: Path, cfg, torch_dtype, folder: Path):
         save_file(current, str(path), metadata={"format": "pt"})
         parts.append((path, list(current)))
 
-    for name, tensor in iter_checkpoint_weights(checkpoint):
-        key, value = hf.to_hf(name, tensor.to(torch_dtype), cfg)
+    for name, tensor in iter_full_weights(saved):
+        key, value = hf.to_hf(name, tensor.to(torch_dtype), saved.model)
         nbytes = value.numel() * value.element_size()
         if current and size + nbytes > SHARD_BYTES:
             flush()
@@ -116,25 +100,8 @@ def _write_safetensors(checkpoint: Path, cfg, torch_dtype, folder: Path):
 
 
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
-    source = checkpoint / ckpt.TOKENIZER
-    if not source.is_file():
-        return 1, 2
-    from yatrain.data import Tokenizer
-
-    shutil.copyfile(source, folder / "tokenizer.model")
-    tok = Tokenizer(source)
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": tok.sp.id_to_piece(tok.bos_id),
-        "eos_token": tok.sp.id_to_piece(tok.eos_id),
-        "unk_token": tok.sp.id_to_piece(0),
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "legacy": False,
-        "add_prefix_space": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return tok.bos_id, tok.eos_id
+    """The checkpoint's tokenizer in Hugging Face form; (BOS, EOS), Llama's 1, 2 without one."""
+    return export_tokenizer(checkpoint, folder) or (1, 2)
 
 
 # ---------------------------------------------------------------------- import (init_from)
@@ -159,19 +126,17 @@ def _unit_names(model: Llama) -> tuple[list[list[str]], list[str]]:
     return units, norm_names
 
 
-def init_from_source(
-    source: Path, cfg: ModelConfig, model: Llama
-) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """Engine callbacks that fill each freshly materialised unit from ``source``."""
+def init_from_source(source: Path, cfg: ModelConfig, model: Llama) -> InitHooks:
+    """Engine hooks that fill each freshly materialised unit from ``source``."""
     unit_names, norm_names = _unit_names(model)
     if (source / "config.json").is_file():
         read = _hf_reader(source, cfg)
-    elif (source / ckpt.MANIFEST).is_file():
+    elif (source / MANIFEST).is_file():
         read = _checkpoint_reader(source, cfg)
     else:
         raise ConfigError(
             f"train.init_from {source} is neither a Hugging Face Llama directory (config.json "
-            f"and safetensors) nor a yatrain checkpoint ({ckpt.MANIFEST})"
+            f"and safetensors) nor a yatrain checkpoint ({MANIFEST})"
         )
 
     @torch.no_grad()
@@ -180,12 +145,10 @@ def init_from_source(
             param = model.get_parameter(name)
             param.copy_(read(name).to(param.dtype).view_as(param))
 
-    return (lambda index: fill(unit_names[index])), (lambda: fill(norm_names))
+    return InitHooks(lambda index: fill(unit_names[index]), lambda: fill(norm_names))
 
 
 def _hf_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
-    from safetensors import safe_open
-
     theirs = hf.model_config_from_hf(json.loads((source / "config.json").read_text()))
     keys = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
     differs = [k for k in keys if getattr(theirs, k) != getattr(cfg, k)]
@@ -210,24 +173,16 @@ def _hf_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
 
 
 def _checkpoint_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
-    manifest, theirs = _checkpoint_manifest(source)
-    if theirs != cfg:
-        raise ConfigError(f"train.init_from {source} was saved for another model ({theirs})")
-    layouts, small = _layouts(cfg)
-    unit_of = {slot.name: (i, layout) for i, layout in enumerate([*layouts, small])
-               for slot in layout.slots}  # fmt: skip
-    cache: dict[int, dict[str, torch.Tensor]] = {}
+    fix = "train.init_from needs a recipe with the checkpoint's model shape"
+    saved = open_checkpoint(source, cfg, fix=fix)
+    entry_of = {name: entry for entry in saved.layout for name, _, _ in entry.params}
+    cache: dict[str, dict[str, torch.Tensor]] = {}
 
     def read(name: str) -> torch.Tensor:
-        index, layout = unit_of[name]
-        if index not in cache:  # one unit in memory at a time
+        entry = entry_of[name]
+        if entry.key not in cache:  # one unit in memory at a time
             cache.clear()
-            flat = torch.empty(layout.numel, dtype=torch.float32)
-            key = "small" if index == len(layouts) else f"unit.{index}"
-            ckpt.dcp.load({"model": {key: flat}}, checkpoint_id=str(source), no_dist=True)
-            cache[index] = {
-                s.name: v for s, v in zip(layout.slots, layout.views(flat), strict=True)
-            }
-        return cache[index][name]
+            cache[entry.key] = read_weights(saved, entry)
+        return cache[entry.key][name]
 
     return read

@@ -1,0 +1,53 @@
+"""The shape of the code (docs/architecture.md): small files, short functions, no path hacks.
+
+The package layering itself is checked by ``lint-imports`` (contracts in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+PACKAGE = ROOT / "yatrain"
+MAX_FILE_LINES, MAX_BENCH_FILE_LINES, MAX_FUNCTION_LINES = 350, 300, 60
+
+
+def sources(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def longer_than(paths: list[Path], limit: int) -> dict[str, int]:
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in paths}
+    return {name: n for name, n in lengths.items() if n > limit}
+
+
+def test_no_file_in_the_package_is_too_long():
+    assert longer_than(sources(PACKAGE), MAX_FILE_LINES) == {}
+
+
+def test_no_benchmark_file_is_too_long():
+    bench = [*sources(PACKAGE / "bench"), *sources(ROOT / "scripts")]
+    assert longer_than(bench, MAX_BENCH_FILE_LINES) == {}
+
+
+def test_no_function_in_the_package_is_too_long():
+    long = {}
+    for path in sources(PACKAGE):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = lines
+    assert long == {}
+
+
+@pytest.mark.parametrize("folder", ["yatrain", "scripts", "tests"])
+def test_nothing_edits_sys_path(folder):
+    """Benchmarks and tests import yatrain as installed (scripts/setup.sh), never by path."""
+    edits = ("sys.path." + "insert", "sys.path." + "append")  # split: this file is scanned too
+    found = [str(p.relative_to(ROOT)) for p in sources(ROOT / folder)
+             if any(edit in p.read_text() for edit in edits)]  # fmt: skip
+    assert found == []

@@ -1,0 +1,12 @@
+"""Benchmarks: side-by-side measurements whose ratios the README and docs/benchmarks.md quote.
+
+Each benchmark is a module with a ``main`` (``python -m yatrain.bench.loop``, or the shims
+``python scripts/bench_*.py``): ``loop`` (the training loop against a bare PyTorch loop),
+``engine`` (the engine against FSDP2, DDP and a bare step; a harness and its contenders),
+``checkpoint`` (save and load time), ``tokenization`` (prepare-data's throughput by workers),
+``document_mask`` (the cost of ``data.document_mask``), ``seed_table`` (the planner against
+YaFSDP's published runs). Shared parts: ``ranks`` (the rank launcher the tests use too),
+``measure`` (statistics, process memory, tables), ``traffic`` (bytes sent in collectives),
+``bare`` (the plain PyTorch step every baseline uses). Top of the layering: nothing in
+yatrain imports it.
+"""

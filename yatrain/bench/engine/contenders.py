@@ -1,0 +1,139 @@
+"""The engine benchmark's contenders, each built from the same model, weights and batches.
+
+- yatrain: ``ShardedEngine.from_model`` + ``build_optimizer`` (fused AdamW over the flat
+  shards), stepped by ``train_step``, exactly as the training loop does.
+- fsdp2: ``fully_shard`` on every decoder layer, then the root, ``MixedPrecisionPolicy``,
+  foreach AdamW over the DTensor parameters; reduce-scatters every micro-batch.
+- ddp: ``DistributedDataParallel`` of the whole model, ``no_sync`` on all but the last
+  micro-batch, its all-reduce issued through ``torch.distributed`` so it is counted.
+- bare (world 1): the plain single-process step (``yatrain.bench.bare``).
+
+Everything a contender needs is imported here, before ranks start, so that module import
+does not land inside one contender's memory measurement and build time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
+from yatrain.common import DTYPES
+from yatrain.config import ModelConfig, OptimConfig
+from yatrain.models.llama import build_model, materialize
+from yatrain.sharding import ShardedEngine
+from yatrain.train.optim import build_optimizer
+from yatrain.train.step import cross_entropy, train_step
+
+CONTENDERS = ("yatrain", "fsdp2", "ddp", "bare")
+LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0
+
+
+@dataclass
+class Trainer:
+    step: Callable  # step(micro_batches) -> detached mean loss tensor
+    engine_bytes: Callable[[], int] | None = None  # the engine's own counter (yatrain)
+    extra: dict = field(default_factory=dict)
+
+
+def model_config(o: dict) -> ModelConfig:
+    return ModelConfig(
+        dim=o["dim"],
+        n_layers=o["n_layers"],
+        n_heads=o["n_heads"],
+        n_kv_heads=o["n_kv_heads"],
+        ffn_dim=o["ffn_dim"],
+        vocab_size=o["vocab"],
+        max_seq_len=o["seq_len"],
+    )
+
+
+def _opt_kind(opt: torch.optim.Optimizer) -> str:
+    d = opt.defaults
+    return "(fused)" if d.get("fused") else "(foreach)" if d.get("foreach") else ""
+
+
+def build_yatrain(o: dict, device: torch.device) -> Trainer:
+    model = build_model(model_config(o), o["ac_layers"])
+    engine = ShardedEngine.from_model(
+        model, device=device, seed=o["seed"], param_dtype=DTYPES[o["dtype"]],
+        reduce_dtype=DTYPES[o["reduce_dtype"]], prefetch_depth=o["prefetch_depth"],
+    )  # fmt: skip
+    optim_cfg = OptimConfig(
+        lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, grad_clip=CLIP
+    )
+    opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), optim_cfg)
+
+    def step(micros):
+        return train_step(model, engine, opt, micros, grad_clip=CLIP).loss
+
+    extra = {"optimizer": type(opt).__name__ + _opt_kind(opt)}
+    return Trainer(step, engine_bytes=lambda: engine.bytes_sent, extra=extra)
+
+
+def build_fsdp2(o: dict, device: torch.device) -> Trainer:
+    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[o["dtype"]], reduce_dtype=DTYPES[o["reduce_dtype"]]
+    )
+    for layer in model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    opt = torch.optim.AdamW(
+        decay_groups(model, WEIGHT_DECAY), lr=LR, betas=BETAS, eps=EPS, foreach=True
+    )
+    params = list(model.parameters())
+
+    def step(micros):
+        total = torch.zeros((), device=device)
+        for x, y in micros:  # reduce-scatters every micro-batch, like the engine
+            loss = cross_entropy(model(x), y)
+            (loss / len(micros)).backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(params, CLIP, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total / len(micros)
+
+    return Trainer(step, extra={"optimizer": "AdamW(foreach)"})
+
+
+def _ddp_allreduce_hook(state, bucket):
+    """DDP's default averaging all-reduce, issued through torch.distributed so it is counted."""
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size())
+    work = dist.all_reduce(buf, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def _replicated_trainer(model, run, device: torch.device, dtype: str, no_sync=None) -> Trainer:
+    """Step of a replicated model (bare or DDP): ``bare_step`` with the same AdamW."""
+    opt = bare_adamw(decay_groups(model, WEIGHT_DECAY), LR, betas=BETAS, eps=EPS)
+    params = list(model.parameters())
+
+    def step(micros):
+        return bare_step(run, params, opt, micros, device=device, dtype=DTYPES[dtype], clip=CLIP,
+                         no_sync=no_sync)[0]  # fmt: skip
+
+    return Trainer(step, extra={"optimizer": "AdamW" + _opt_kind(opt)})
+
+
+def build_ddp(o: dict, device: torch.device) -> Trainer:
+    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=ids)
+    ddp.register_comm_hook(None, _ddp_allreduce_hook)
+    return _replicated_trainer(model, ddp, device, o["dtype"], no_sync=ddp.no_sync)
+
+
+def build_bare(o: dict, device: torch.device) -> Trainer:
+    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    return _replicated_trainer(model, model, device, o["dtype"])
+
+
+BUILDERS = {"yatrain": build_yatrain, "fsdp2": build_fsdp2, "ddp": build_ddp, "bare": build_bare}

@@ -1,0 +1,34 @@
+"""The small vocabulary every layer shares: dtype names and byte sizes, and how sizes print.
+
+A recipe names dtypes as ``"bf16"`` / ``"fp32"``; the loop, the planner, export and the
+benchmarks all turn those names into torch dtypes and byte counts here, so a third dtype
+would be added in one place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+_UNITS = {"GiB": GIB, "MiB": MIB, "KiB": KIB}
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a dtype named as in recipes (``"bf16"`` -> 2)."""
+    return DTYPES[name].itemsize
+
+
+def format_bytes(
+    n: float | None, unit: str | None = None, *, digits: int = 2, suffix: bool = True
+) -> str:
+    """``n`` bytes as text in ``unit`` (GiB, MiB or KiB), or in the largest unit that keeps
+    the number at least 1 (plain bytes below 1 KiB); ``"n/a"`` when nothing was measured.
+    ``suffix=False`` leaves the unit off, for a column whose header names it."""
+    if n is None:
+        return "n/a"
+    if unit is None:
+        unit = next((name for name, scale in _UNITS.items() if abs(n) >= scale), "B")
+    number = f"{n:.0f}" if unit == "B" else f"{n / _UNITS[unit]:.{digits}f}"
+    return f"{number} {unit}" if suffix else number

@@ -1,0 +1,58 @@
+"""How much device memory to plan against, and what ``activation_checkpoint_layers: auto``
+becomes on this device. ``yatrain plan``, the sweep and the training loop all ask here."""
+
+from __future__ import annotations
+
+import torch
+
+from yatrain.common import GIB
+from yatrain.config import Recipe
+from yatrain.plan.memory import plan_memory
+from yatrain.plan.report import explain
+
+ASSUMED_GPU_GIB = 80.0  # A100/H100 80GB class: what `yatrain plan` assumes without a GPU
+
+
+def memory_limit(
+    recipe: Recipe,
+    device: torch.device | str,
+    gpu_memory_gib: float | None = None,
+    assumed_gib: float | None = None,
+) -> tuple[int | None, str]:
+    """Bytes per device to plan against, and where the figure comes from, first found of:
+    ``gpu_memory_gib`` (the ``--gpu-memory`` flag), ``sharding.gpu_memory_gib``, the CUDA
+    device's total memory, ``assumed_gib``. None when nothing gives a limit (a CPU)."""
+    device = torch.device(device)
+    if gpu_memory_gib is not None:
+        return int(gpu_memory_gib * GIB), "--gpu-memory"
+    if recipe.sharding.gpu_memory_gib is not None:
+        return int(recipe.sharding.gpu_memory_gib * GIB), "sharding.gpu_memory_gib"
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(
+            device
+        )
+    if assumed_gib is not None:
+        return int(assumed_gib * GIB), "assumed: no GPU here, pass --gpu-memory"
+    return None, f"{device.type} has no device memory limit"
+
+
+def local_device() -> torch.device:
+    """The device a plan is for when none is given: the first GPU, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_auto_checkpoint_layers(
+    recipe: Recipe, world_size: int, device: torch.device | str
+) -> tuple[int, str]:
+    """The layer count ``activation_checkpoint_layers: auto`` stands for on this device, and
+    the line that logs it. A device without a memory limit (a CPU, unless
+    ``sharding.gpu_memory_gib`` is set) gets 0: nothing to plan against."""
+    prefix = "sharding.activation_checkpoint_layers auto"
+    limit, source = memory_limit(recipe, device)
+    if limit is None:
+        return 0, (
+            f"{prefix} -> 0: {source} to plan against (set sharding.gpu_memory_gib to plan for one)"
+        )
+    plan = plan_memory(recipe, world_size, limit)
+    chosen = plan.activation_checkpoint_layers
+    return chosen, f"{prefix} -> {chosen} ({source}): {explain(plan)}"

@@ -1,0 +1,92 @@
+"""The planner's answer in words: one line for logs, a per-item report for ``yatrain plan``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from yatrain.common import format_bytes
+from yatrain.config import Recipe
+from yatrain.models.llama import count_parameters
+from yatrain.plan.memory import MemoryPlan
+
+LABELS = {
+    "master_weights": "fp32 master weights (shard)",
+    "gradients": "fp32 gradients (shard)",
+    "optimizer_state": "AdamW moments (2 x fp32 shard)",
+    "gather_input_copy": "bf16 gather-input copy (shard)",
+    "gather_buffers": "gather buffers (layers, edge, norms)",
+    "gradient_buffers": "gradient buffers (+ staging, RS out)",
+    "batch_and_rope": "token ids and rotary tables",
+    "activations": "activations",
+    "logits_and_loss": "logits and loss",
+    "backward_workspace": "backward / grad-norm workspace",
+    "runtime_allowance": "runtime allowance (CUDA, NCCL, frag.)",
+}
+
+
+def _gib(n: float) -> str:
+    return format_bytes(n, "GiB", suffix=False)
+
+
+def explain(plan: MemoryPlan) -> str:
+    """One line: the choice and why."""
+    n, k = plan.n_layers, plan.activation_checkpoint_layers
+    limit = plan.gpu_memory_bytes
+    peak = f"predicted peak {format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per GPU"
+    if limit is None:
+        return f"{k} of {n} layers checkpointed: {peak} (no memory limit given)"
+    if not plan.fits:
+        need = (
+            f"needs at least {plan.min_gpus} GPUs"
+            if plan.min_gpus
+            else "no GPU count helps: lower data.micro_batch_size or data.seq_len"
+        )
+        return (
+            f"does not fit even with all {n} layers checkpointed ({peak} > "
+            f"{format_bytes(limit, 'GiB')} on {plan.world_size} GPUs): {need}"
+        )
+    cost = f"recompute +{plan.recompute_flops_fraction:.1%} of step FLOPs"
+    return (
+        f"checkpoint the first {k} of {n} layers: {peak} of {format_bytes(limit, 'GiB')} ({cost})"
+    )
+
+
+def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str) -> str:
+    """The human-readable report of ``yatrain plan``."""
+    k, n = plan.activation_checkpoint_layers, plan.n_layers
+    params = count_parameters(recipe.model) / 1e9
+    head = (
+        f"{recipe_path.name}: {params:.2f}B parameters, {n} layers | seq {plan.seq_len} x "
+        f"micro-batch {plan.micro_batch_size} | {plan.dtype} weights, "
+        f"{recipe.sharding.reduce_dtype} reduce\n{plan.world_size} GPUs x "
+        f"{_gib(plan.gpu_memory_bytes)} GiB ({source})"
+    )
+    if plan.peak_moment.startswith("recompute"):
+        acts = f"activations ({k} ckpt inputs + 1 recomputed layer)"
+    elif plan.peak_moment == "gradient norm":
+        acts = "activations (all freed by then)"
+    else:
+        acts = f"activations ({n - k} full + {k} checkpointed)"
+    lines = [head, f"per-GPU memory, first {k} of {n} layers checkpointed (peak at: "
+             f"{plan.peak_moment})"]  # fmt: skip
+    for key, value in plan.breakdown.items():
+        label = acts if key == "activations" else LABELS.get(key, key)
+        lines.append(f"  {label:<44} {_gib(value):>8} GiB")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    full = format_bytes(plan.full_layer_bytes, "GiB", digits=3)
+    ckpt = format_bytes(plan.checkpointed_layer_bytes, "GiB", digits=3)
+    lines += [
+        "  " + "-" * 57,
+        f"  {'peak':<44} {_gib(plan.peak_bytes_per_gpu):>8} GiB of "
+        f"{_gib(plan.gpu_memory_bytes)}: {verdict}",
+        f"per decoder layer: {full} of activations, {ckpt} when checkpointed",
+        f"answer: {explain(plan)}",
+    ]
+    own = plan.recipe_setting
+    if own.get("activation_checkpoint_layers") not in (None, "auto"):
+        state = "fits" if own["fits"] else "does not fit"
+        lines.append(
+            f"recipe: activation_checkpoint_layers {own['activation_checkpoint_layers']} -> "
+            f"peak {format_bytes(own['peak_bytes_per_gpu'], 'GiB')} ({state})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""What the engine needs of a model, named once.
+
+The engine shards any ``nn.Module`` that lists its *units* (the modules gathered one at a
+time, in forward order: for Llama the embedding, each decoder layer, the output head), its
+*norm modules* (gathered once per step as one small group), and can initialise one unit at
+a time. A model satisfies ``ShardableModel`` by having these methods; it never imports the
+engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import nn
+
+
+class ShardableModel(Protocol):
+    """An ``nn.Module`` the engine can shard (see the module docstring)."""
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def units(self) -> Sequence[nn.Module]:
+        """The modules gathered one at a time, in forward order."""
+        ...
+
+    def norm_modules(self) -> Sequence[nn.Module]:
+        """Modules whose weights form the small group, gathered once per step."""
+        ...
+
+    def init_unit_(self, index: int, seed: int) -> None:
+        """Initialise unit ``index`` (not its norms) in place; the values may depend only on
+        (seed, index), so that every world size builds the same model."""
+        ...
+
+    def init_norms_(self) -> None:
+        """Initialise every norm module's weights in place."""
+        ...
+
+
+@dataclass(frozen=True)
+class InitHooks:
+    """How the engine fills freshly materialised parameters: ``unit(i)`` fills unit ``i``
+    (norms excluded), ``norms()`` the norm weights. Called with one unit materialised at a
+    time, so a loader (``train.init_from``) can stream weights unit by unit."""
+
+    unit: Callable[[int], None]
+    norms: Callable[[], None]
+
+    @classmethod
+    def from_seed(cls, model: ShardableModel, seed: int) -> InitHooks:
+        """The model's own random initialisation from ``seed``."""
+        return cls(lambda index: model.init_unit_(index, seed), model.init_norms_)

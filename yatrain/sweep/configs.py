@@ -1,0 +1,112 @@
+"""The configurations of a sweep: one recipe per (sequence length, checkpoint setting).
+
+Tokens per global batch stay the recipe's unless asked otherwise, so throughput compares
+like with like; every configuration is validated, and ``auto`` resolved by the planner,
+before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from yatrain.config import Recipe, load_recipe
+from yatrain.errors import ConfigError
+from yatrain.plan import plan_for_layers, resolve_auto_checkpoint_layers
+from yatrain.plan.limits import local_device
+
+
+@dataclass
+class SweepConfig:
+    """One run of the sweep: its name, its recipe overrides and what the planner expects."""
+
+    name: str
+    seq_len: int
+    checkpoint: str  # as given: "0", "4", "auto"
+    layers: int  # the number of checkpointed layers (auto resolved by the planner)
+    global_batch_size: int
+    micro_batch_size: int
+    overrides: list[str]
+    predicted_peak_bytes: int
+
+
+def base_recipe(recipe_path: Path, overrides: list[str]) -> tuple[Recipe, int]:
+    """The recipe the sweep starts from, and its own ``model.max_seq_len``. Its data.seq_len
+    may exceed that context (it is replaced per configuration), so it is read with the
+    context raised; everything else is validated as usual."""
+    probe = load_recipe(recipe_path, [*overrides, "data.seq_len=1"])
+    raised = f"model.max_seq_len={2**40}"  # any length passes; configs set their own
+    return load_recipe(recipe_path, [*overrides, raised]), probe.model.max_seq_len
+
+
+def _batch_for(seq: int, base_seq: int, gbs: int, micro: int, world: int, keep_seqs: bool):
+    """(global batch, micro-batch) in sequences for ``seq``: same tokens per step as the recipe
+    unless ``keep_seqs``; the micro-batch shrinks only when the batch no longer holds it."""
+    if not keep_seqs:
+        tokens = gbs * base_seq
+        if tokens % seq:
+            raise ConfigError(
+                f"--seq-len {seq}: the recipe's {tokens} tokens per global batch are not a "
+                "multiple of it; choose lengths that divide it or pass --keep-batch-sequences"
+            )
+        gbs = tokens // seq
+    if gbs % world:
+        raise ConfigError(
+            f"--seq-len {seq}: {gbs} sequences per global batch do not split over {world} "
+            "processes; choose other lengths or pass --keep-batch-sequences"
+        )
+    micro = min(micro, gbs // world)
+    while gbs % (micro * world):
+        micro -= 1
+    return gbs, micro
+
+
+def _check_setting(setting: str, n_layers: int) -> None:
+    if setting != "auto" and not (setting.isdigit() and int(setting) <= n_layers):
+        raise ConfigError(
+            f"--activation-checkpoint-layers: '{setting}' is not 'auto' or a layer "
+            f"count in 0..{n_layers}"
+        )
+
+
+def expand_configs(
+    recipe_path: Path, overrides: list[str], seq_lens: list[int], checkpoints: list[str],
+    steps: int, world: int, keep_seqs: bool,
+) -> list[SweepConfig]:  # fmt: skip
+    """Every (sequence length, checkpoint setting) pair, validated before anything runs."""
+    base, max_seq_len = base_recipe(recipe_path, overrides)
+    for setting in checkpoints:
+        _check_setting(setting, base.model.n_layers)
+    device = local_device()
+    configs = []
+    for seq in seq_lens:
+        gbs, micro = _batch_for(
+            seq, base.data.seq_len, base.data.global_batch_size, base.data.micro_batch_size,
+            world, keep_seqs,
+        )  # fmt: skip
+        for setting in checkpoints:
+            sets = [
+                *overrides, f"data.seq_len={seq}", f"data.global_batch_size={gbs}",
+                f"data.micro_batch_size={micro}",
+                f"sharding.activation_checkpoint_layers={setting}", f"train.steps={steps}",
+                "train.log_every=1", "checkpoint.dir=checkpoints",
+                "checkpoint.enabled=false",
+            ]  # fmt: skip
+            if seq > max_seq_len:  # rotary positions: no learned table to outgrow
+                sets.append(f"model.max_seq_len={seq}")
+            recipe = load_recipe(recipe_path, sets)
+            layers = (
+                resolve_auto_checkpoint_layers(recipe, world, device)[0]
+                if setting == "auto"
+                else int(setting)
+            )
+            plan = plan_for_layers(recipe, world, layers)
+            name = f"seq{seq}-ckpt{setting}"
+            configs.append(
+                SweepConfig(name, seq, setting, layers, gbs, micro, sets, plan.tensor_peak_bytes)
+            )
+    return configs
+
+
+def sweep_dir_name(recipe_path: Path, stamp: str) -> Path:
+    return Path("runs") / f"sweep-{recipe_path.stem}-{stamp}"

@@ -1,0 +1,138 @@
+"""Running a sweep: each configuration a short ``yatrain pretrain`` in a fresh process.
+
+A fresh process per configuration (under torchrun when asked) makes an out-of-memory
+configuration a row in the table, not the end of the sweep. Each result is appended to
+``results.jsonl`` as soon as it is known; a sweep restarted with the same output directory
+skips configurations that already finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from yatrain.errors import ConfigError
+from yatrain.sweep.configs import SweepConfig
+from yatrain.sweep.report import describe
+from yatrain.train.record import largest_peak_memory, read_metrics, steady_means
+
+MEASURED = ("tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s")
+
+
+def config_command(recipe_path: Path, config: SweepConfig, run_dir: Path, nproc: int) -> list[str]:
+    """The command line that runs one configuration."""
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launcher += ["--nproc-per-node", str(nproc), "-m", "yatrain"]
+    else:
+        launcher = [sys.executable, "-m", "yatrain"]
+    sets = [f"--set={s}" for s in config.overrides]
+    return [*launcher, "pretrain", str(recipe_path), *sets, "--run-dir", str(run_dir),
+            "--no-progress"]  # fmt: skip
+
+
+def launch(command: list[str], log_path: Path) -> tuple[int, str]:
+    """Run one configuration; its output goes to ``log_path``. Returns (exit code, output)."""
+    with log_path.open("w") as log:
+        proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    return proc.returncode, log_path.read_text(errors="replace")
+
+
+def classify_failure(code: int, output: str) -> tuple[str, str]:
+    """("oom" | "failed", one line): an out-of-memory error, or the last line of output."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    lowered = output.lower()
+    if "outofmemoryerror" in lowered or "out of memory" in lowered:
+        hits = [line for line in lines if "out of memory" in line.lower() or "OutOfMemory" in line]
+        return "oom", hits[-1][:300]
+    if code in (-9, 137):
+        return "oom", "killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+    return "failed", (lines[-1] if lines else f"exit status {code}")[:300]
+
+
+def summarize_metrics(metrics_path: Path, warmup: int) -> dict:
+    """Means over the logged steps after ``warmup``, and the largest peak memory among them."""
+    steady = [r for r in read_metrics(metrics_path) if r.step > warmup]
+    if not steady:
+        raise ConfigError(f"{metrics_path}: no logged step after the {warmup} warm-up steps")
+    return {
+        **steady_means(steady, MEASURED),
+        "peak_memory_bytes": largest_peak_memory(steady),
+        "measured_steps": len(steady),
+    }
+
+
+def run_config(
+    recipe_path: Path, config: SweepConfig, out_dir: Path, nproc: int, warmup: int
+) -> dict:
+    """Run one configuration to completion and return its table row."""
+    run_dir = out_dir / "configs" / config.name
+    if run_dir.exists():  # an interrupted attempt: start it again from scratch
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    code, output = launch(
+        config_command(recipe_path, config, run_dir, nproc), run_dir / "output.log"
+    )
+    row = {
+        "name": config.name, "seq_len": config.seq_len, "checkpoint": config.checkpoint,
+        "activation_checkpoint_layers": config.layers,
+        "global_batch_size": config.global_batch_size, "micro_batch_size": config.micro_batch_size,
+        "predicted_peak_bytes": config.predicted_peak_bytes, "run_dir": str(run_dir),
+    }  # fmt: skip
+    if code != 0:
+        status, error = classify_failure(code, output)
+        return {**row, "status": status, "error": error}
+    return {
+        **row,
+        "status": "ok",
+        "error": "",
+        **summarize_metrics(run_dir / "metrics.jsonl", warmup),
+    }
+
+
+def load_done(out_dir: Path) -> dict[str, dict]:
+    """Results recorded by earlier attempts of this sweep, by configuration name."""
+    path = out_dir / "results.jsonl"
+    if not path.exists():
+        return {}
+    done = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            done[record["row"]["name"]] = record
+    return done
+
+
+def _measured(overrides: list[str]) -> list[str]:
+    """The overrides that can change a measurement (logging settings cannot)."""
+    return [item for item in overrides if not item.startswith("logging.")]
+
+
+def run_configs(
+    recipe_path: Path, configs: list[SweepConfig], out_dir: Path, *, nproc: int, warmup: int,
+    echo: Callable[[str], None] = print,
+) -> list[dict]:  # fmt: skip
+    """Run every configuration not finished before; returns the rows in sweep order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = load_done(out_dir)
+    rows = []
+    for index, config in enumerate(configs, 1):
+        tag = f"[{index}/{len(configs)}] {config.name}"
+        earlier = done.get(config.name)
+        same = earlier and _measured(earlier["overrides"]) == _measured(config.overrides)
+        if same and earlier["row"]["status"] != "failed":
+            echo(f"{tag}: already {earlier['row']['status']} in {out_dir}, skipped")
+            rows.append(earlier["row"])
+            continue
+        echo(f"{tag}: running ({config.layers} checkpointed layers)")
+        row = run_config(recipe_path, config, out_dir, nproc, warmup)
+        with (out_dir / "results.jsonl").open("a") as results:
+            results.write(json.dumps({"overrides": config.overrides, "row": row}) + "\n")
+        echo(f"{tag}: {describe(row)}")
+        rows.append(row)
+    return rows

@@ -1,0 +1,151 @@
+"""Where a run's records go: one fan-out to the console, ``metrics.jsonl`` and W&B.
+
+Only rank 0 logs: on every other rank each method of ``Loggers`` does nothing, so the loop
+calls them unconditionally. A new destination is a class with the ``MetricsLogger``
+methods, added to the list ``Loggers.open`` builds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from tqdm import tqdm
+
+from yatrain.config import Recipe, recipe_to_dict, recipe_to_yaml
+from yatrain.train.record import MetricsFile, MetricsRecord
+from yatrain.train.report import format_summary, log_line
+from yatrain.train.resume import truncate_metrics
+from yatrain.train.runtime import Runtime
+from yatrain.train.wandb_logger import WandbLogger
+
+
+class MetricsLogger(Protocol):
+    """A destination for logged records and the end-of-run summary."""
+
+    def log(self, record: MetricsRecord) -> None: ...
+
+    def summary(self, summary: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Console:
+    """stderr: a progress bar, one line per logged step, the summary table, and notes."""
+
+    def __init__(self, progress: bool) -> None:
+        self.progress = progress
+        self.bar: tqdm | None = None
+
+    def start(self, total_steps: int, done_steps: int) -> None:
+        self.bar = tqdm(
+            total=total_steps, initial=done_steps, disable=not self.progress, desc="pretrain",
+            unit="step", dynamic_ncols=True, file=sys.stderr,
+        )  # fmt: skip
+
+    def say(self, message: str) -> None:
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def step_done(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def log(self, record: MetricsRecord) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{record.loss:.4f}", mfu=f"{record.mfu:.1%}")
+        self.say(log_line(record))
+
+    def summary(self, summary: dict) -> None:
+        self.say(format_summary(summary))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class MetricsFileLogger:
+    """``RUN_DIR/metrics.jsonl``, one record a line (``record.read_metrics`` reads it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = MetricsFile(path)
+
+    def log(self, record: MetricsRecord) -> None:
+        self.file.write(record)
+
+    def summary(self, summary: dict) -> None:
+        pass  # the summary is derived from the records: nothing new to write
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class WandbRunLogger:
+    """Weights & Biases: every record at its step, the summary as the run's summary."""
+
+    def __init__(self, wandb: WandbLogger) -> None:
+        self.wandb = wandb
+
+    def log(self, record: MetricsRecord) -> None:
+        self.wandb.log(record.to_json(), step=record.step)
+
+    def summary(self, summary: dict) -> None:
+        self.wandb.summary(summary)
+
+    def close(self) -> None:
+        self.wandb.finish()
+
+
+class Loggers:
+    """The one fan-out (see the module docstring); inactive off rank 0."""
+
+    def __init__(self, runtime: Runtime, progress: bool) -> None:
+        self.active = runtime.is_main
+        self.console = Console(progress and self.active)
+        self.destinations: list[MetricsLogger] = []
+        self.wandb_mode = "disabled"
+
+    def open(self, run_dir: Path, recipe: Recipe, start_step: int) -> None:
+        """Write the resolved recipe, continue ``metrics.jsonl`` from ``start_step`` and
+        start the W&B run."""
+        if not self.active:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(recipe_to_yaml(recipe))
+        moved = truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        if moved is not None:
+            self.say(f"{run_dir} had metrics but no checkpoint: kept them as {moved.name}")
+        wandb = WandbLogger(recipe.logging.wandb, run_dir, recipe_to_dict(recipe), run_dir.name)
+        self.wandb_mode = wandb.mode
+        self.destinations = [
+            self.console,
+            MetricsFileLogger(run_dir / "metrics.jsonl"),
+            WandbRunLogger(wandb),
+        ]
+
+    def say(self, message: str) -> None:
+        if self.active:
+            self.console.say(message)
+
+    def start_progress(self, total_steps: int, done_steps: int) -> None:
+        if self.active:
+            self.console.start(total_steps, done_steps)
+
+    def step_done(self) -> None:
+        self.console.step_done()
+
+    def log(self, record: MetricsRecord) -> None:
+        for destination in self.destinations:
+            destination.log(record)
+
+    def summary(self, summary: dict) -> None:
+        for destination in self.destinations:
+            destination.summary(summary)
+
+    def close(self) -> None:
+        for destination in self.destinations or [self.console]:
+            destination.close()
+        self.destinations = []

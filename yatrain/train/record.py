@@ -1,0 +1,99 @@
+"""One logged step's measurements: the record ``metrics.jsonl`` holds, one JSON object a line.
+
+The loop writes ``MetricsRecord``s; the run summary, the sweep and the benchmarks read them
+back through ``read_metrics``, so a field is named in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class MetricsRecord:
+    """What one logging window measured (throughput figures are window averages)."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_seen: int
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    tflops_per_device: float
+    mfu: float
+    peak_memory_bytes: int | None  # None where the platform offers no reading
+    data_wait_frac: float  # share of the window spent waiting for batches
+    comm_bytes_sent: int  # bytes this rank sent in collectives so far
+    skipped_steps: int  # non-finite steps skipped so far
+
+    @classmethod
+    def measure(
+        cls, *, step: int, loss: float, lr: float, grad_norm: float, tokens_per_step: int,
+        window_s: float, window_steps: int, world_size: int, flops_per_token: float,
+        peak_flops: float, peak_memory: int | None, data_wait_s: float, bytes_sent: int,
+        skipped_steps: int,
+    ) -> MetricsRecord:  # fmt: skip
+        """The record of a window of ``window_steps`` steps that took ``window_s`` seconds."""
+        tokens_per_s = window_steps * tokens_per_step / window_s
+        per_device = tokens_per_s / world_size
+        return cls(
+            step=step,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens_seen=step * tokens_per_step,
+            step_time_s=window_s / window_steps,
+            tokens_per_s=tokens_per_s,
+            tokens_per_s_per_device=per_device,
+            tflops_per_device=per_device * flops_per_token / 1e12,
+            mfu=per_device * flops_per_token / peak_flops,
+            peak_memory_bytes=peak_memory,
+            data_wait_frac=data_wait_s / window_s,
+            comm_bytes_sent=bytes_sent,
+            skipped_steps=skipped_steps,
+        )
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> MetricsRecord:
+        """A record from one parsed line; fields this version does not know are ignored."""
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+def read_metrics(path: Path) -> list[MetricsRecord]:
+    """Every record of a ``metrics.jsonl`` file, in order."""
+    lines = Path(path).read_text().splitlines()
+    return [MetricsRecord.from_json(json.loads(line)) for line in lines if line.strip()]
+
+
+def steady_means(records: Sequence[MetricsRecord], fields: Sequence[str]) -> dict[str, float]:
+    """The mean of each field over ``records`` (callers leave out warm-up steps first)."""
+    return {name: sum(getattr(r, name) for r in records) / len(records) for name in fields}
+
+
+def largest_peak_memory(records: Sequence[MetricsRecord]) -> int | None:
+    """The highest peak-memory reading among ``records``, None if none was measured."""
+    readings = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
+    return max(readings) if readings else None
+
+
+class MetricsFile:
+    """``metrics.jsonl``, appended to and flushed record by record."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, record: MetricsRecord) -> None:
+        self.file.write(json.dumps(record.to_json()) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,84 @@
+"""One optimizer step on the sharded engine: the sequence every caller shares.
+
+The training loop, the benchmarks and the tests all step through ``train_step``, so the
+order below lives in one place: forward and backward over the micro-batches (the engine
+reduce-scatters each unit's gradient as soon as it is complete), ``reduce_gradients`` (wait
+for the last reductions, average over ranks and micro-batches), ``clip_grad_norm_`` (exact
+global norm), the guard (all ranks agree whether to stop and whether the step is finite),
+``optimizer.step`` only for a finite step, ``after_step`` (refresh the gather inputs, clear
+gradients and buffers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from yatrain.sharding import ShardedEngine
+from yatrain.train.guard import StepGuard
+
+MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro, seq_len]
+# Extra model arguments derived from a micro-batch's inputs (document ids, positions).
+ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step measured and decided (the tensors stay on the device until read)."""
+
+    loss: torch.Tensor  # this rank's mean loss over its micro-batches
+    grad_norm: torch.Tensor  # the global gradient norm before clipping
+    stop: bool = False  # a stop signal arrived on some rank
+    nonfinite: bool = False  # the loss or gradient norm was not finite: no update applied
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss, computed in fp32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def forward_backward(
+    model: nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    device: torch.device,
+    model_inputs: ModelInputs | None = None,
+) -> torch.Tensor:
+    """Forward and backward of every micro-batch; returns the sum of their losses."""
+    loss_sum = torch.zeros((), device=device)
+    for inputs, targets in micro_batches:
+        inputs = inputs.to(device, non_blocking=True)
+        extra = model_inputs(inputs) if model_inputs is not None else {}
+        logits = model(inputs, **extra)
+        loss = cross_entropy(logits, targets.to(device, non_blocking=True))
+        loss.backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
+def train_step(
+    model: nn.Module,
+    engine: ShardedEngine,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[MicroBatch],
+    *,
+    grad_clip: float,
+    guard: StepGuard | None = None,
+    model_inputs: ModelInputs | None = None,
+) -> StepOutcome:
+    """One optimizer step over this rank's micro-batches (see the module docstring).
+
+    Without a guard every step is applied; with one, a non-finite step is not, and the
+    caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
+    per micro-batch (the loader's document ids and positions)."""
+    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs)
+    engine.reduce_gradients()
+    grad_norm = engine.clip_grad_norm_(grad_clip)
+    stop, nonfinite = guard.check(loss_sum, grad_norm) if guard else (False, False)
+    if not nonfinite:
+        optimizer.step()
+    engine.after_step()
+    return StepOutcome(loss_sum / len(micro_batches), grad_norm, stop, nonfinite)
