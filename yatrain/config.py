@@ -80,6 +80,12 @@ class TrainConfig:
     # Start from these weights instead of random init: a Hugging Face Llama directory or a
     # yatrain checkpoint (weights only; optimizer and data position start fresh).
     init_from: str | None = None
+    # Tokens per chunk of the fused output head + cross-entropy: logits exist for one chunk
+    # at a time (fp32: 4 bytes x chunk x vocabulary), never for the whole micro-batch.
+    loss_chunk_tokens: int = _limit(512, ge=1)
+    # Trace this many steps (after the run's first two) with torch.profiler into
+    # RUN_DIR/profile/ (on GPUs also a CUDA memory snapshot); 0 = off.
+    profile: int = _limit(0, ge=0)
 
 
 @dataclass(kw_only=True)
@@ -105,6 +111,10 @@ class ShardingConfig:
     prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
     gpu_memory_gib: float | None = _limit(None, gt=0)
+    # One process normally computes straight from its shard. true: use a one-rank process
+    # group and every buffer, gather and reduce-scatter as with many ranks (checks the real
+    # path on one GPU; same results, slower).
+    force_process_group: bool = False
 
 
 @dataclass(kw_only=True)

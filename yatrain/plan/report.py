@@ -11,15 +11,16 @@ from yatrain.plan.memory import MemoryPlan
 
 LABELS = {
     "master_weights": "fp32 master weights (shard)",
-    "gradients": "fp32 gradients (shard)",
     "optimizer_state": "AdamW moments (2 x fp32 shard)",
-    "gather_input_copy": "bf16 gather-input copy (shard)",
-    "gather_buffers": "gather buffers (layers, edge, norms)",
-    "gradient_buffers": "gradient buffers (+ staging, RS out)",
+    "compute_copy": "bf16 copy of the weights (one process)",
+    "gather_buffers": "gather buffers (units, norms)",
+    "gradient_buffers": "gradient buffers (+ fp32 staging piece)",
     "batch_and_rope": "token ids and rotary tables",
     "activations": "activations",
-    "logits_and_loss": "logits and loss",
-    "backward_workspace": "backward / grad-norm workspace",
+    "logits_and_loss": "logits and loss (one chunk)",
+    "head_gradient": "output head gradient (until reduced)",
+    "backward_workspace": "backward workspace",
+    "gradients": "fp32 gradients (shard, while alive)",
     "runtime_allowance": "runtime allowance (CUDA, NCCL, frag.)",
 }
 

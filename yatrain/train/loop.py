@@ -38,7 +38,7 @@ def pretrain(
     """Train as one process or one torchrun rank; returns the run summary."""
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
-    runtime = init_runtime()
+    runtime = init_runtime(single_rank_group=recipe.sharding.force_process_group)
     run = None
     try:
         run = setup(recipe, runtime, recipe_name=recipe_name, run_dir=run_dir, resume=resume,
@@ -67,7 +67,8 @@ def train(run: Run) -> dict:
     run.meter.start(first_step=run.start_step + 1)
     try:
         for step_number in range(run.start_step + 1, total + 1):
-            outcome, lr = step(run, step_number, guard)
+            with run.profiler.step(step_number):
+                outcome, lr = step(run, step_number, guard)
             if run.meter.due(step_number):
                 log(run, step_number, outcome, lr)
             if run.checkpointer.due(step_number, outcome.stop):
@@ -78,6 +79,7 @@ def train(run: Run) -> dict:
         run.loggers.summary(summary)
         return summary
     finally:
+        run.profiler.close()
         guard.restore()
 
 

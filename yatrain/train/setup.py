@@ -24,6 +24,7 @@ from yatrain.train.checkpoint import Checkpointer
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
+from yatrain.train.profile import StepProfiler
 from yatrain.train.resume import check_fresh_start_allowed, run_dir_for
 from yatrain.train.runtime import Runtime
 from yatrain.train.weights import init_from_source
@@ -43,6 +44,7 @@ class Run:
     checkpointer: Checkpointer
     loggers: Loggers
     meter: StepMeter
+    profiler: StepProfiler
     start_step: int = 0
     skipped_steps: int = 0
 
@@ -68,6 +70,8 @@ def setup(
         start_step, skipped = checkpointer.restore(resume, loggers.say)
         loggers.open(run_dir, recipe, start_step)
         meter = StepMeter(recipe, runtime, loader.tokens_per_step)
+        profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
+                                start_step, loggers.say)  # fmt: skip
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
         loggers.say(
@@ -80,7 +84,7 @@ def setup(
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
-               meter, start_step, skipped)  # fmt: skip
+               meter, profiler, start_step, skipped)  # fmt: skip
 
 
 def build_loader(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> BatchLoader:
@@ -109,7 +113,8 @@ def build_engine(
 ) -> tuple[nn.Module, ShardedEngine]:
     """The model on the meta device, sharded by the engine as each rank materialises it
     (from ``train.init_from`` when set, else from the seed)."""
-    model = build_model(recipe.model, checkpoint_layers(recipe, runtime, loggers))
+    layers = checkpoint_layers(recipe, runtime, loggers)
+    model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
     init = InitHooks.from_seed(model, recipe.train.seed)
     if recipe.train.init_from is not None:
         init = init_from_source(Path(recipe.train.init_from), recipe.model, model)
@@ -120,5 +125,6 @@ def build_engine(
         param_dtype=DTYPES[recipe.train.dtype],
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         prefetch_depth=recipe.sharding.prefetch_depth,
+        force_process_group=recipe.sharding.force_process_group,
     )
     return model, engine
