@@ -7,8 +7,9 @@ against a live-tensor count (tests do):
   and the engine's preallocated buffers exactly as the engine sizes them: the planner calls
   ``sharding.sizes.engine_buffers`` over the layouts of a meta-device model. With one process
   in bf16 the model computes from a bf16 copy of the whole shard;
-- the fp32 gradient shard, which exists from a step's first reduction to the optimizer step:
-  it is counted at the moments it is alive (from the loss on only with several micro-batches);
+- each unit's fp32 gradient shard, which exists from the unit's first reduction in a step to
+  the optimizer step: counted at each moment for the units reduced by then (all of them
+  through a later micro-batch of several);
 - activations (``ActivationSizes``): what autograd saves per decoder layer in this Llama
   (fp32 RMSNorm inputs, the fused-attention inputs/outputs and log-sum-exp, four SwiGLU
   tensors); a checkpointed layer keeps only its input;
@@ -16,8 +17,9 @@ against a live-tensor count (tests do):
   time (``train.loss_chunk_tokens``): one chunk's logits in fp32 (and in the parameter dtype
   while it is cast), the gradient of the hidden states, and the head's weight gradient,
   which lives from the head's forward until its reduction has read it;
-- the step's peak is the largest of a few moments: the loss, the backward of the last layer,
-  the recompute of the last checkpointed layer, and the gradient norm;
+- the step's peak is the largest of its moments: the loss, the backward of each layer (or
+  the recompute of each checkpointed one: earlier layers hold less activation but more
+  reduced gradients), and the gradient norm;
 - a runtime allowance for what is not a tensor: CUDA context and workspaces, NCCL buffers,
   allocator fragmentation.
 
@@ -82,7 +84,7 @@ def engine_state_bytes(
     direct: bool | None = None,
 ) -> dict[str, int]:  # fmt: skip
     """Bytes per rank of every tensor the engine and AdamW keep for the whole run (the
-    fp32 gradient shard, which they do not, is ``gradient_shard_bytes``)."""
+    fp32 gradient shards, which they do not, are ``GradientShards``)."""
     units, small, buffers = engine_layout(m, world, dtype, reduce_dtype, prefetch_depth, direct)
     shards = units + small
     copy = buffers.gather.count == 0 and dtype != "fp32"  # one process, bf16
@@ -96,9 +98,20 @@ def engine_state_bytes(
     }
 
 
-def gradient_shard_bytes(m: ModelConfig, world: int) -> int:
-    """The fp32 gradient shard of every unit (allocated at a step's first reduction)."""
-    return 4 * engine_layout(m, world, "fp32", "fp32", 1, direct=False)[0]
+@dataclass(frozen=True)
+class GradientShards:
+    """Bytes of the fp32 gradient shards: each unit's is allocated at its first reduction
+    in a step and freed after the optimizer step."""
+
+    all_units: int
+    head: int  # the last unit (reduced first in the backward)
+    layer: int  # one inner unit
+
+    @classmethod
+    def of(cls, m: ModelConfig, world: int) -> GradientShards:
+        layouts, _ = _layouts(tuple(dataclasses.asdict(m).items()), world)
+        shards = [4 * layout.shard_numel for layout in layouts]
+        return cls(sum(shards), shards[-1], max(shards[1:-1], default=0))
 
 
 # ----------------------------------------------------------------------------- activations
@@ -131,9 +144,10 @@ class ActivationSizes:
         return cls(
             full_layer=2 * norm + attention + lse + ffn,
             checkpointed_layer=n * p * d,
-            # two ffn-sized gradients inside a layer's backward, its input's gradient, and
-            # one weight's gradient on its way into the gradient buffer
-            backward_workspace=2 * n * p * m.ffn_dim + n * p * d + p * d * m.ffn_dim,
+            # two ffn-sized gradients inside a layer's backward and its input's gradient (a
+            # weight's gradient on its way into the gradient buffer overlaps with freed
+            # activations: counting it overestimates every measured case)
+            backward_workspace=2 * n * p * m.ffn_dim + n * p * d,
             final_norm=norm,
             loss=logits + n * p * d,
             head_gradient=p * m.vocab_size * d,
@@ -142,32 +156,42 @@ class ActivationSizes:
 
 
 def activation_peak(
-    a: ActivationSizes, n_layers: int, checkpointed: int, gradients: int, accumulating: bool
-) -> tuple[str, dict[str, int]]:
+    a: ActivationSizes, n_layers: int, checkpointed: int, g: GradientShards, accumulating: bool,
+    direct: bool = False,
+) -> tuple[str, dict[str, int]]:  # fmt: skip
     """The largest moment of a step above the resident state: (moment, its parts in bytes).
-    ``gradients``: the fp32 gradient shard, alive through the loss only when ``accumulating``
-    (a later micro-batch of several)."""
-    saved = checkpointed * a.checkpointed_layer + (n_layers - checkpointed) * a.full_layer
+
+    Moments: the loss; the backward of each layer that kept its activations and the
+    recompute of each checkpointed one (the layers above it have freed theirs, and their
+    gradient shards exist: a unit's from its first reduction on, every unit's through a
+    later micro-batch of several, ``accumulating``; on the ``direct`` path of one process
+    also the running layer's, which its first weight gradient fills); the gradient norm."""
+    k, n = checkpointed, n_layers
 
     def moment(acts: int, loss: int, head: int, workspace: int, grads: int) -> dict[str, int]:
         return {"activations": acts, "logits_and_loss": loss, "head_gradient": head,
                 "backward_workspace": workspace, "gradients": grads}  # fmt: skip
 
+    def reduced(layers_above: int) -> int:  # the head and the layers above this one
+        return g.all_units if accumulating else g.head + (layers_above + direct) * g.layer
+
+    saved = k * a.checkpointed_layer + (n - k) * a.full_layer
     moments = {
         "loss": moment(
-            saved + a.final_norm, a.loss, a.head_gradient, 0, gradients if accumulating else 0
+            saved + a.final_norm, a.loss, a.head_gradient, 0, g.all_units if accumulating else 0
         ),  # fmt: skip
-        "backward of the last layer": moment(
-            saved, 0, a.head_gradient, a.backward_workspace, gradients
-        ),  # fmt: skip
-        "gradient norm": moment(0, 0, 0, 0, gradients),
+        "gradient norm": moment(0, 0, 0, 0, g.all_units),
     }
-    if checkpointed == n_layers:  # no layer keeps its activations: only the recompute does
-        del moments["backward of the last layer"]
-    if checkpointed:
-        recompute = checkpointed * a.checkpointed_layer + a.full_layer
-        moments["recompute of the last checkpointed layer"] = moment(
-            recompute, 0, 0, a.backward_workspace, gradients
+    for i in range(n - 1, k - 1, -1):  # layers that kept their activations
+        acts = k * a.checkpointed_layer + (i - k + 1) * a.full_layer
+        head = a.head_gradient if i == n - 1 else 0  # reduced while the last layer runs
+        moments[f"backward of layer {i}"] = moment(
+            acts, 0, head, a.backward_workspace, reduced(n - 1 - i)
+        )
+    for j in range(k - 1, -1, -1):  # checkpointed layers: their inputs, one recomputed
+        acts = (j + 1) * a.checkpointed_layer + a.full_layer
+        moments[f"recompute of layer {j}"] = moment(
+            acts, 0, 0, a.backward_workspace, reduced(n - 1 - j)
         )
     return max(moments.items(), key=lambda kv: sum(kv[1].values()))
 
@@ -227,7 +251,7 @@ def plan_for_layers(
     accumulating = data.global_batch_size > data.micro_batch_size * world_size
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(
-        acts, m.n_layers, checkpointed, gradient_shard_bytes(m, world_size), accumulating
+        acts, m.n_layers, checkpointed, GradientShards.of(m, world_size), accumulating, direct
     )
     breakdown = {**state, "batch_and_rope": acts.batch, **parts}
     tensor_peak = sum(breakdown.values())

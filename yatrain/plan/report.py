@@ -62,9 +62,12 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         f"{recipe.sharding.reduce_dtype} reduce\n{plan.world_size} GPUs x "
         f"{_gib(plan.gpu_memory_bytes)} GiB ({source})"
     )
-    if plan.peak_moment.startswith("recompute"):
-        acts = f"activations ({k} ckpt inputs + 1 recomputed layer)"
-    elif plan.peak_moment == "gradient norm":
+    moment = plan.peak_moment
+    if moment.startswith("recompute of layer"):
+        acts = f"activations ({int(moment.split()[-1]) + 1} ckpt inputs + 1 recomputed)"
+    elif moment.startswith("backward of layer"):
+        acts = f"activations ({int(moment.split()[-1]) - k + 1} full + {k} checkpointed)"
+    elif moment == "gradient norm":
         acts = "activations (all freed by then)"
     else:
         acts = f"activations ({n - k} full + {k} checkpointed)"

@@ -79,6 +79,7 @@ class ShardedEngine(UnitSchedule):
         self._allocate_buffers()
         self._reset_step_state()
         self._grad_scale: float | None = None  # averaging left for clip_grad_norm_
+        self._norms = torch.empty(self.n_units + 1, device=self.device)  # per-shard norms
         for index, unit in enumerate(units):
             unit.register_forward_pre_hook(functools.partial(self._pre_forward, index))
             unit.register_forward_hook(functools.partial(self._post_forward, index))
@@ -123,11 +124,12 @@ class ShardedEngine(UnitSchedule):
             init_unit=init.unit, init_norms=init.norms, device=self.device, rank=self.rank,
         )  # fmt: skip
         self.unit_master = self._unit_views(self.master)
-        # Parameters the optimizer sees: one flat tensor with weight decay, one without.
-        self.flat_param = nn.Parameter(self.master)
+        # Parameters the optimizer sees: each unit's shard (a view of the flat master, with
+        # weight decay) and the small group's (without). Each unit's fp32 gradient shard is
+        # its own tensor, so it exists only once the unit has been reduced in a step.
+        self.unit_params = [nn.Parameter(view) for view in self.unit_master]
         self.small_param = nn.Parameter(self.small_master)
         self.small_param.grad = torch.zeros_like(self.small_master)
-        self.unit_grad: list[torch.Tensor] | None = None  # views of flat_param.grad
         # One process in bf16: the model computes from a bf16 copy of the whole shard.
         self.compute = self.small_compute = None
         if self.direct and self.param_dtype != torch.float32:
@@ -183,12 +185,12 @@ class ShardedEngine(UnitSchedule):
         return ThreadReducer(self.comm.second_group(), *buffers)  # gloo: see reduce.py
 
     def _grad_shard(self, unit: int) -> torch.Tensor:
-        """Unit ``unit``'s fp32 gradient shard, allocated (not zeroed) at the step's first
-        reduction: every unit's first reduction writes all of its shard."""
-        if self.flat_param.grad is None:
-            self.flat_param.grad = torch.empty_like(self.master)
-            self.unit_grad = self._unit_views(self.flat_param.grad)
-        return self.unit_grad[unit]
+        """Unit ``unit``'s fp32 gradient shard, allocated (not zeroed) at the unit's first
+        reduction in a step, which writes all of it; freed by ``after_step``."""
+        param = self.unit_params[unit]
+        if param.grad is None:
+            param.grad = torch.empty_like(param)
+        return param.grad
 
     # ------------------------------------------------------------------ the step
     def reduce_gradients(self) -> None:
@@ -201,8 +203,9 @@ class ShardedEngine(UnitSchedule):
                 raise RuntimeError(f"unit {index} ({names[0]}, ...) received no gradient")
         if self.reducer is not None:
             self.reducer.drain()
-        if self.flat_param.grad is None:  # no backward at all this step
-            self.flat_param.grad = torch.zeros_like(self.master)
+        for param in self.unit_params:  # no backward at all this step
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
         self._reduce_small()
         self._grad_scale = 1.0 / (self.world_size * max(self.micro_batches, 1))
 
@@ -225,9 +228,12 @@ class ShardedEngine(UnitSchedule):
         pass over the gradient shard scales by both factors."""
         scale = self._grad_scale if self._grad_scale is not None else 1.0
         self._grad_scale = None
-        grads = (self.flat_param.grad, self.small_param.grad)
-        # vector_norm reduces in place: no temporary the size of the gradient shard.
-        squares = sum(torch.linalg.vector_norm(g) ** 2 for g in grads)
+        grads = [p.grad for p in self.unit_params] + [self.small_param.grad]
+        # vector_norm reduces in place: no temporary the size of a gradient shard.
+        norms = self._norms
+        for index, grad in enumerate(grads):
+            torch.linalg.vector_norm(grad, out=norms[index])
+        squares = torch.dot(norms, norms)
         self.comm.all_reduce_sum(squares)
         norm = squares.sqrt() * scale
         factor = None
@@ -250,7 +256,8 @@ class ShardedEngine(UnitSchedule):
         if self.compute is not None:
             self.compute.copy_(self.master)
             self.small_compute.copy_(self.small_master)
-        self.flat_param.grad = self.unit_grad = None
+        for param in self.unit_params:
+            param.grad = None
         self.small_grad.zero_()
         if self.small_grad is not self.small_param.grad:
             self.small_param.grad.zero_()
@@ -263,9 +270,10 @@ class ShardedEngine(UnitSchedule):
         self._reset_step_state()
 
     def param_groups(self, weight_decay: float) -> list[dict]:
-        """Two flat tensors: unit weights (decayed) and the small group (norms, biases)."""
+        """Each unit's shard (decayed) and the small group's (norms, biases): one fused AdamW
+        call over a handful of tensors."""
         return [
-            {"params": [self.flat_param], "weight_decay": weight_decay},
+            {"params": list(self.unit_params), "weight_decay": weight_decay},
             {"params": [self.small_param], "weight_decay": 0.0},
         ]
 
@@ -282,18 +290,17 @@ class ShardedEngine(UnitSchedule):
         the fp32 master weights, and one group per optimizer state tensor shaped like the
         weights (AdamW: ``exp_avg``, ``exp_avg_sq``). Views, no copies: loading into them
         restores the engine."""
-        groups = {"model": (self.flat_param, self.small_param)}
+        params = [*self.unit_params, self.small_param]
+        groups = {"model": params}
         if optimizer is not None:
-            flat, small = optimizer.state[self.flat_param], optimizer.state[self.small_param]
-            for name, value in flat.items():
-                if torch.is_tensor(value) and value.shape == self.flat_param.shape:
-                    groups[name] = (value, small[name])
-        entries = self.state_layout
+            first = optimizer.state[params[0]]
+            for name, value in first.items():
+                if torch.is_tensor(value) and value.shape == params[0].shape:
+                    groups[name] = [optimizer.state[p][name] for p in params]
+        layouts = [*self.layouts, self.small]
         return {
-            group: shard_views(
-                entries, [*self.layouts, self.small], self.rank, [*self._unit_views(f), s]
-            )
-            for group, (f, s) in groups.items()
+            group: shard_views(self.state_layout, layouts, self.rank, pieces)
+            for group, pieces in groups.items()
         }
 
     @property
