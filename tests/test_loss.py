@@ -98,7 +98,7 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="chunk_tokens"):
         linear_cross_entropy(h, weight, torch.zeros(2, 3, dtype=torch.long), 0)
     with pytest.raises(ValueError, match="do not match"):
-        linear_cross_entropy(h, weight, torch.zeros(2, 4, dtype=torch.long))
+        linear_cross_entropy(h, weight, torch.zeros(2, 4, dtype=torch.long), 8)
 
 
 def test_holds_far_less_memory_than_full_logits():

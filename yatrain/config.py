@@ -20,6 +20,10 @@ from yatrain.errors import ConfigError
 from yatrain.schema import build_dataclass
 from yatrain.schema import limit as _limit
 
+# Tokens per chunk of the fused output head + cross-entropy (``train.loss_chunk_tokens``):
+# 512 tokens x a 128K vocabulary is 0.37 GiB of logits in flight in a bf16 run.
+LOSS_CHUNK_TOKENS = 512
+
 # ----------------------------------------------------------------------------- schema
 
 
@@ -82,7 +86,7 @@ class TrainConfig:
     init_from: str | None = None
     # Tokens per chunk of the fused output head + cross-entropy: logits exist for one chunk
     # at a time (fp32: 4 bytes x chunk x vocabulary), never for the whole micro-batch.
-    loss_chunk_tokens: int = _limit(512, ge=1)
+    loss_chunk_tokens: int = _limit(LOSS_CHUNK_TOKENS, ge=1)
     # Trace this many steps (after the run's first two) with torch.profiler into
     # RUN_DIR/profile/ (on GPUs also a CUDA memory snapshot); 0 = off.
     profile: int = _limit(0, ge=0)

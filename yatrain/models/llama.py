@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from yatrain.config import ModelConfig
-from yatrain.models.loss import DEFAULT_CHUNK_TOKENS, linear_cross_entropy
+from yatrain.config import LOSS_CHUNK_TOKENS, ModelConfig
+from yatrain.models.loss import linear_cross_entropy
 
 INIT_STD = 0.02
 SEED_STRIDE = 1_000_003  # unit i of a run with seed s draws from generator seed s*STRIDE + i
@@ -159,7 +159,7 @@ class Llama(nn.Module):
         self,
         cfg: ModelConfig,
         activation_checkpoint_layers: int = 0,
-        loss_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -276,7 +276,7 @@ def _is_norm(unit: nn.Module, param_name: str) -> bool:
 def build_model(
     cfg: ModelConfig,
     activation_checkpoint_layers: int = 0,
-    loss_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
 ) -> Llama:
     """The model on the meta device: shapes only, no memory, no init cost (even for 70B)."""
     with torch.device("meta"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK_TOKENS = 512
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it add no loss
 
 
@@ -97,7 +96,7 @@ def linear_cross_entropy(
     h: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int,
     ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(h, weight).float(), targets)`` (mean over tokens whose

@@ -169,8 +169,7 @@ class UnitSchedule:
         layout, slot = self.layouts[unit], self.slot_of[unit]
         param = layout.slots[index]
         if self.direct:  # one process: straight into the fp32 gradient shard
-            target = self._grad_shard(unit).narrow(0, param.offset, param.numel)
-            target.add_(grad.reshape(-1)) if self.has_grad[unit] else target.copy_(grad.reshape(-1))
+            self._direct_grad(unit, param.offset, grad.reshape(-1), len(layout.slots) == 1)
         elif slot is None:  # a single tensor: reduce-scatter autograd's tensor itself
             self._submit(unit, grad.reshape(-1), layout.numel)
         else:
@@ -184,6 +183,16 @@ class UnitSchedule:
                 slot.job = self._submit(unit, slot.data[: layout.padded_numel], layout.padded_numel)
             self.has_grad[unit] = True
         self._pump()
+
+    def _direct_grad(self, unit: int, offset: int, flat: torch.Tensor, single: bool) -> None:
+        """One process: the gradient shard is the unit's gradient. A unit's one fp32 tensor
+        becomes it as autograd made it (no copy); otherwise copy (cast) or add it in."""
+        shard = self.unit_params[unit]
+        if single and shard.grad is None and flat.dtype == shard.dtype:
+            shard.grad = flat
+            return
+        target = self._grad_shard(unit).narrow(0, offset, flat.numel())
+        target.add_(flat) if self.has_grad[unit] else target.copy_(flat)
 
     def _submit(self, unit: int, source: torch.Tensor, numel: int):
         previous = self.last_job[unit] if self.has_grad[unit] else None

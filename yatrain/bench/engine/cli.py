@@ -50,6 +50,7 @@ from yatrain.bench.engine.harness import run_all
 from yatrain.bench.engine.report import report
 from yatrain.bench.measure import load_average
 from yatrain.common import DTYPES
+from yatrain.config import LOSS_CHUNK_TOKENS
 
 
 def _model_flags(add) -> None:
@@ -67,7 +68,8 @@ def _model_flags(add) -> None:
         help="compute/communication dtype of weights (masters stay fp32)",
     )
     add("--reduce-dtype", choices=tuple(DTYPES), default="fp32")
-    add("--loss-chunk-tokens", type=int, default=512, help="yatrain-chunked: tokens per chunk")
+    add("--loss-chunk-tokens", type=int, default=LOSS_CHUNK_TOKENS,
+        help="yatrain-chunked: tokens per chunk of the fused loss")  # fmt: skip
     add("--ac-layers", type=int, default=0, help="activation-checkpoint the first N decoder layers")
     add("--prefetch-depth", type=int, default=1, help="yatrain prefetch depth")
     add("--seed", type=int, default=0)
