@@ -30,7 +30,10 @@ def _loss_and_grads(
     need_h: bool,
     need_w: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(mean loss, d loss / d h, d loss / d weight) for h [N, dim], targets [N]."""
+    """(mean loss, d loss / d h, d loss / d weight) for h [N, dim], targets [N].
+
+    Two chunk-sized buffers serve every chunk: the logits in the parameter dtype (later
+    their gradient, cast back) and their fp32 copy (the same buffer in fp32 runs)."""
     valid = targets != ignore_index
     # 1 / (number of counted tokens), as a tensor: no host sync on GPUs.
     inv_count = valid.sum().clamp(min=1).reciprocal().to(torch.float32)
@@ -38,12 +41,19 @@ def _loss_and_grads(
     loss = torch.zeros((), dtype=torch.float32, device=h.device)
     grad_h = torch.empty_like(h) if need_h else None
     grad_w = torch.empty_like(weight) if need_w else None
+    rows_max = min(chunk_tokens, h.shape[0])
+    logits_buf = h.new_empty(rows_max, weight.shape[0], dtype=weight.dtype)
+    fp32_buf = logits_buf
+    if weight.dtype != torch.float32:
+        fp32_buf = h.new_empty(rows_max, weight.shape[0], dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_tokens):
         rows = slice(start, start + chunk_tokens)
         h_c, valid_c = h[rows], valid[rows].unsqueeze(1)
-        logits = h_c @ weight.t()  # [chunk, vocab] in the parameter dtype
-        x = logits.float()  # the same tensor when the parameters are fp32
-        del logits  # bf16: keep only the fp32 copy from here on
+        logits = logits_buf[: h_c.shape[0]]
+        torch.mm(h_c, weight.t(), out=logits)  # [chunk, vocab] in the parameter dtype
+        x = fp32_buf[: h_c.shape[0]]
+        if x is not logits:
+            x.copy_(logits)
         target_logit = x.gather(1, safe[rows])
         shift = x.amax(dim=1, keepdim=True)
         x.sub_(shift).exp_()
@@ -56,8 +66,9 @@ def _loss_and_grads(
         x.div_(total)
         x.scatter_add_(1, safe[rows], -valid_c.to(x.dtype))
         x.mul_(valid_c * inv_count)
-        grad_logits = x.to(weight.dtype)
-        del x
+        grad_logits = logits
+        if x is not logits:
+            grad_logits.copy_(x)  # back to the parameter dtype for the matmuls
         if need_h:
             torch.mm(grad_logits, weight, out=grad_h[rows])
         if need_w:  # accumulated in the parameter dtype, one rounding per chunk
@@ -65,7 +76,6 @@ def _loss_and_grads(
                 torch.mm(grad_logits.t(), h_c, out=grad_w)
             else:
                 grad_w.addmm_(grad_logits.t(), h_c)
-        del grad_logits
     return loss * inv_count, grad_h, grad_w
 
 
