@@ -75,9 +75,15 @@ def prepare_data(
         eos_token=eos_token,
         val_fraction=val_fraction,
     )
-    skipped = manifest["skipped_bad_records"]
-    typer.echo(
-        f"wrote {output}: {manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} "
-        f"documents, {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
+    typer.echo(f"wrote {output}: {_summary(manifest)}")
+
+
+def _summary(manifest: dict) -> str:
+    skipped, val = manifest["skipped_bad_records"], manifest["validation"]
+    return (
+        f"{manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} documents"
+        + (f" (+ {val['num_tokens']:,} tokens, {val['num_documents']:,} documents held out)"
+           if val else ", no validation split")
+        + f", {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
         + (f", {skipped:,} bad records skipped" if skipped else "")
-    )
+    )  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from yatrain.common import DTYPES
 from yatrain.config import Recipe, load_recipe, recipe_from_dict
-from yatrain.errors import ConfigError
+from yatrain.errors import ConfigError, DataError
 from yatrain.models.llama import build_model
 from yatrain.sharding import InitHooks, ShardedEngine
 from yatrain.train.checkpoint import checkpoint_tokenizer, dcp_mesh, load_weights
@@ -44,6 +44,8 @@ def evaluate_checkpoint(
             recipe = dataclasses.replace(
                 recipe, eval=dataclasses.replace(recipe.eval, batches=batches)
             )
+        if data is None:
+            _check_recipe_data(recipe)
         tokenizer = checkpoint_tokenizer(saved.path)
         facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
         evaluator = build_evaluator(recipe, runtime, facts, data_dir=data, force=True)
@@ -85,6 +87,19 @@ def _open(path: Path, runtime: Runtime) -> SavedCheckpoint:
     if isinstance(answer, str):
         raise CheckpointError(answer)
     return answer
+
+
+def _check_recipe_data(recipe: Recipe) -> None:
+    data = recipe.data
+    paths = [data.val_path] if data.val_path is not None else [data.path]
+    if data.val_path is None and data.sources is not None:
+        paths = [source.path for source in data.sources]
+    for path in paths:
+        if not Path(path).is_dir():
+            raise DataError(
+                f"the checkpoint's recipe evaluates on {path}, which is not here (relative paths "
+                "are relative to where the run started): run from there, or pass --data DIR"
+            )
 
 
 def saved_recipe(saved: SavedCheckpoint) -> Recipe:

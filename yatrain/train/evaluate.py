@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -136,7 +137,10 @@ class Evaluator:
             by_source=by_source,
         )
 
-    def _loss_and_count(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor):
+    def _loss_and_count(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """[summed loss, predicted tokens] of one micro-batch, in float64."""
         inputs = inputs.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         extra = self.model_inputs(inputs) if self.model_inputs is not None else {}
@@ -151,7 +155,7 @@ class Evaluator:
 
 def build_evaluator(
     recipe: Recipe, runtime: Runtime, tokenizer: tuple[str, int, int], *,
-    data_dir=None, force: bool = False,
+    data_dir: Path | None = None, force: bool = False,
 ) -> Evaluator:  # fmt: skip
     """The run's evaluator, checked at start-up (held-out data exists, holds at least one
     window and was made with ``tokenizer`` = (sha256, BOS, EOS)); a disabled one when the
