@@ -42,8 +42,9 @@ def pack_split(
     tokenizer: Tokenizer, docs: list[str], dtype: np.dtype, threads: int, val_fraction: float
 ) -> Packed:
     """Each side's documents as ``[bos] ids [eos]`` back to back, in their original order."""
-    train = [doc for doc in docs if not held_out(doc, val_fraction)]
-    val = [doc for doc in docs if held_out(doc, val_fraction)] if len(train) < len(docs) else []
+    sides = [held_out(doc, val_fraction) for doc in docs]
+    train = [doc for doc, side in zip(docs, sides, strict=True) if not side]
+    val = [doc for doc, side in zip(docs, sides, strict=True) if side]
 
     def packed(texts: list[str]) -> np.ndarray:
         return tokenizer.encode_packed(texts, dtype, threads) if texts else np.empty(0, dtype)
