@@ -16,10 +16,12 @@ when to save (``due``), what goes in, where to resume from.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -31,8 +33,8 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.optim import Optimizer
 
 from yatrain import __version__
-from yatrain.config import ModelConfig, Recipe, recipe_to_yaml
-from yatrain.data import BatchLoader
+from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
+from yatrain.data import BatchLoader, Tokenizer, load_tokenizer
 from yatrain.sharding import ShardedEngine, ShardView, StateEntry
 from yatrain.train.files import fsync_dir, write_json_atomic
 from yatrain.train.manifest import (
@@ -92,7 +94,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)  # re-saving a step (e.g. after a restart)
     _barrier()
-    dcp.save(training_state(engine, optimizer, mesh), checkpoint_id=str(tmp))
+    with _single_process_is_intended():
+        dcp.save(training_state(engine, optimizer, mesh), checkpoint_id=str(tmp))
     _barrier()
     if is_main:
         for file in tokenizer_files:
@@ -147,21 +150,45 @@ def load_checkpoint(
     path: Path, engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh | None
 ) -> None:
     """Collective: fill the engine's shards and AdamW state from ``path`` at any world size."""
-    state = training_state(engine, optimizer, mesh)
+    _load(training_state(engine, optimizer, mesh), path)
+    share_step_count(optimizer)
+    engine.after_step()  # refresh gather inputs (bf16 copies) from the loaded masters
+
+
+def load_weights(path: Path, engine: ShardedEngine, mesh: DeviceMesh | None) -> None:
+    """Collective: fill only the engine's weight shards from ``path`` (evaluation: no
+    optimizer), at any world size."""
+    views = engine.sharded_state()["model"]
+    _load({"model": {key: _for_dcp(view, mesh) for key, view in views.items()}}, path)
+    engine.after_step()
+
+
+def _load(state: dict, path: Path) -> None:
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        with _single_process_is_intended():
+            dcp.load(state, checkpoint_id=str(path))
     except Exception as error:  # DCP raises many types for unreadable files
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"could not load checkpoint {path}: {first[:300]}") from None
-    share_step_count(optimizer)
-    engine.after_step()  # refresh gather inputs (bf16 copies) from the loaded masters
 
 
 def read_weights(checkpoint: SavedCheckpoint, entry: StateEntry) -> dict[str, torch.Tensor]:
     """The fp32 parameters of one saved flat tensor, in one process, by name."""
     flat = torch.empty(entry.numel, dtype=torch.float32)
-    dcp.load({"model": {entry.key: flat}}, checkpoint_id=str(checkpoint.path), no_dist=True)
+    with _single_process_is_intended():
+        dcp.load({"model": {entry.key: flat}}, checkpoint_id=str(checkpoint.path), no_dist=True)
     return entry.split(flat)
+
+
+def checkpoint_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer a checkpoint's run trained with (saved with it)."""
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if (path / name).is_file():
+            return load_tokenizer(path / name)
+    raise CheckpointError(
+        f"checkpoint {path} holds no tokenizer (tokenizer.model or tokenizer.json): it was "
+        "saved by an older yatrain; use a newer checkpoint"
+    )
 
 
 def iter_full_weights(checkpoint: SavedCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:
@@ -190,13 +217,10 @@ class Checkpointer:
         self.meta = {
             "model": dataclasses.asdict(recipe.model),
             "recipe_sha256": hashlib.sha256(recipe_to_yaml(recipe).encode()).hexdigest(),
+            "recipe": recipe_to_dict(recipe),  # for `yatrain eval`: its data, batches, dtype
             "dtype": recipe.train.dtype,
         }
-        self.mesh = (
-            init_device_mesh(runtime.device.type, (runtime.world_size,))
-            if runtime.distributed
-            else None
-        )
+        self.mesh = dcp_mesh(runtime)
         self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
 
     def due(self, step: int, stop: bool = False) -> bool:
@@ -246,6 +270,22 @@ class Checkpointer:
         if isinstance(answer, str):
             raise CheckpointError(answer)
         return answer
+
+
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """DCP warns on every save and load without a process group; one process is a normal
+    case here (world size 1, export, generation), and a normal run prints no warnings."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def dcp_mesh(runtime: Runtime) -> DeviceMesh | None:
+    """The one-dimensional mesh DCP shards over; None in a single process."""
+    if not runtime.distributed:
+        return None
+    return init_device_mesh(runtime.device.type, (runtime.world_size,))
 
 
 def _barrier() -> None:

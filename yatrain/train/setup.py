@@ -1,8 +1,9 @@
 """Everything a run needs before its first step, built in data-flow order.
 
-``setup`` reads as the list of what a run is made of: its data, its directory, the model and
-the engine that owns its weights, the optimizer, the point it resumes from, its loggers and
-its meter. It returns them as one ``Run``, which the loop steps.
+``setup`` reads as the list of what a run is made of: its data (and held-out data), its
+directory, the model and the engine that owns its weights, the optimizer, the point it
+resumes from, its loggers and its meter. It returns them as one ``Run``, which the loop
+steps.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from yatrain.models.llama import build_model
 from yatrain.plan import resolve_auto_checkpoint_layers
 from yatrain.sharding import InitHooks, ShardedEngine
 from yatrain.train.checkpoint import Checkpointer
+from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
@@ -45,6 +47,7 @@ class Run:
     loggers: Loggers
     meter: StepMeter
     profiler: StepProfiler
+    evaluator: Evaluator
     start_step: int = 0
     skipped_steps: int = 0
 
@@ -57,6 +60,9 @@ def setup(
     validate_world_size(recipe, runtime.world_size)
     loggers = Loggers(runtime, progress)
     loader = build_loader(recipe, runtime, loggers)
+    evaluator = build_evaluator(
+        recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
+    )
     run_dir = Path(runtime.broadcast_object(str(
         run_dir_for(resume, run_dir, recipe_name, recipe.checkpoint.dir)
     )))  # fmt: skip
@@ -80,11 +86,13 @@ def setup(
             f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
         )
         loggers.say(loader.describe(recipe.train.steps))
+        for line in [evaluator.schedule(), *evaluator.short_notices()] if evaluator.enabled else []:
+            loggers.say(line)
     except BaseException:
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
-               meter, profiler, start_step, skipped)  # fmt: skip
+               meter, profiler, evaluator, start_step, skipped)  # fmt: skip
 
 
 def build_loader(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> BatchLoader:
