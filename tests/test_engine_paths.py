@@ -21,7 +21,9 @@ from test_engine import (
 from torch import nn
 
 from yatrain.models.llama import build_model
+from yatrain.sharding.comm import Communicator
 from yatrain.sharding.contract import backward_reads_weights
+from yatrain.sharding.reduce import ThreadReducer
 
 
 def test_one_rank_process_group_gives_exactly_the_direct_path():
@@ -107,3 +109,20 @@ def test_engine_allocates_what_sizes_py_plans(dtype):
     assert gathers == sorted(want)
     assert slots == [(plan.grad.numel, plan.grad.dtype)] * plan.grad.count
     assert staging == (plan.staging.numel, plan.staging.dtype, plan.reduce_out.numel)
+
+
+def test_a_failed_reduce_scatter_in_the_helper_thread_reaches_the_training_thread():
+    """The error is raised as the helper thread saw it (a lost peer stays a lost peer)."""
+
+    class Failing(Communicator):
+        def __init__(self):
+            super().__init__()
+            self.world_size = 2
+
+        def reduce_scatter(self, out, full, *, before=None, then=None):
+            raise ConnectionError("peer gone")
+
+    reducer = ThreadReducer(Failing(), torch.empty(8), torch.empty(4), 4)
+    reducer.submit(torch.ones(8), 8, torch.empty(4), None)
+    with pytest.raises(ConnectionError, match="peer gone"):
+        reducer.drain()

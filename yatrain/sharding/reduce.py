@@ -170,8 +170,8 @@ class ThreadReducer(PieceReducer):
     def _wait_for(self, ready) -> None:
         with self.cond:
             self.cond.wait_for(lambda: ready() or self.error is not None)
-            if self.error is not None:
-                raise RuntimeError("gradient reduce-scatter failed") from self.error
+            if self.error is not None:  # as raised in the helper thread (e.g. a lost peer)
+                raise self.error
 
     def _run(self) -> None:
         try:
