@@ -1,13 +1,16 @@
 """The ``yatrain`` command line: thin wrappers that turn flags into library calls.
 
-User errors (``YatrainError``) become one line on stderr and exit code 2; ``--debug``
-shows the traceback instead. Anything else is a bug and keeps its traceback.
+User errors (``YatrainError``) and a full or read-only disk (``OSError`` ENOSPC, EDQUOT,
+EROFS, EACCES) become one line on stderr and exit code 2; ``--debug`` shows the traceback
+instead. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain as run_pretrain
+from yatrain.train.setup import Checks
 from yatrain.train.weights import export_hf
 
 app = typer.Typer(
@@ -62,6 +66,20 @@ def pretrain(
         "never: refuse to reuse a run dir; PATH: that checkpoint directory.",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    fit_check: bool = typer.Option(
+        True,
+        "--fit-check/--no-fit-check",
+        help="Refuse a run the memory planner says will not fit this device (default on).",
+    ),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Check checkpoint checksums before loading one."
+    ),
+    tensor_peak_step: int | None = typer.Option(
+        None,
+        "--tensor-peak-step",
+        min=1,
+        help="On CPU, count live tensors during this step (slower) and log peak_tensor_bytes.",
+    ),
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
     loaded = load_recipe(recipe, overrides)
@@ -72,6 +90,7 @@ def pretrain(
         steps=steps,
         resume=resume,
         progress=progress,
+        checks=Checks(fit=fit_check, verify=verify, tensor_step=tensor_peak_step),
     )
 
 
@@ -157,13 +176,17 @@ def export(
     dtype: str | None = typer.Option(
         None, "--dtype", help="fp32 or bf16 (default: the training dtype)."
     ),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Check the checkpoint's checksums first."
+    ),
 ) -> None:
     """Export a checkpoint's weights for other tools, one layer at a time."""
     if format != "hf":
         raise ConfigError(f"--format {format}: the only export format is hf")
     if dtype not in (None, "fp32", "bf16"):
         raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
-    export_hf(checkpoint, output, dtype)
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed export removes its partial output
+    export_hf(checkpoint, output, dtype, verify=verify)
     typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
 
 
@@ -271,6 +294,14 @@ def sweep(
     typer.echo(f"wrote {result.out_dir}: {files} | wandb {result.wandb_mode}", err=True)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+# What the machine's file system can refuse (not a bug): full, over quota, read-only, denied.
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
 def main() -> None:
     debug = "--debug" in sys.argv
     try:
@@ -278,13 +309,20 @@ def main() -> None:
     except Interrupted as stopped:
         print(f"yatrain: {stopped}", file=sys.stderr)
         sys.exit(130)
-    except YatrainError as error:
-        if debug:
+    except (YatrainError, OSError) as error:
+        if debug or (isinstance(error, OSError) and error.errno not in _DISK_ERRORS):
             raise
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
-        print(f"yatrain: error{where}: {error}", file=sys.stderr)
+        print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("yatrain: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError):
+        where = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror or error}{where}; free space or fix permissions, then rerun"
+    return str(error)

@@ -27,12 +27,14 @@ from yatrain.schema import limit as _limit
 class ModelConfig:
     """Architecture of a Llama 2/3 decoder."""
 
-    dim: int = _limit(ge=1)
-    n_layers: int = _limit(ge=1)
-    n_heads: int = _limit(ge=1)
-    n_kv_heads: int = _limit(ge=1)  # < n_heads means grouped-query attention
-    ffn_dim: int = _limit(ge=1)
-    vocab_size: int = _limit(ge=1)
+    # Upper bounds: shapes no device holds fail here, not in the allocator (the largest
+    # Llama, 405B, has dim 16384, 126 layers, ffn 53248, vocab 128256).
+    dim: int = _limit(ge=1, le=2**17)
+    n_layers: int = _limit(ge=1, le=2**11)
+    n_heads: int = _limit(ge=1, le=2**12)
+    n_kv_heads: int = _limit(ge=1, le=2**12)  # < n_heads means grouped-query attention
+    ffn_dim: int = _limit(ge=1, le=2**20)
+    vocab_size: int = _limit(ge=1, le=2**24)
     rope_theta: float = _limit(10000.0, gt=0)
     norm_eps: float = _limit(1e-5, gt=0)
     max_seq_len: int = _limit(ge=1)
@@ -80,6 +82,9 @@ class TrainConfig:
     # Start from these weights instead of random init: a Hugging Face Llama directory or a
     # yatrain checkpoint (weights only; optimizer and data position start fresh).
     init_from: str | None = None
+    # Under torchrun: a step (or a save) stuck this long in a collective (a rank hung or
+    # died) ends the run with one line naming the step and the rank, instead of hanging.
+    collective_timeout_s: float = _limit(600.0, gt=0)
 
 
 @dataclass(kw_only=True)
