@@ -242,3 +242,16 @@ def test_a_checkpoint_of_another_model_is_not_set_aside(saved, small_data):
     with pytest.raises(ConfigError, match=r"model\.dim 64 -> 96"):
         train(small_data, saved, 6, "model.dim=96")
     assert sorted(p.name for p in (saved / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+def test_a_killed_export_leaves_nothing_the_next_export_keeps(saved, tmp_path):
+    """A SIGKILLed export leaves ``.tmp-OUT-PID-XXXX``; the next export there removes it (and
+    leaves alone one whose process still runs)."""
+    dead = tmp_path / ".tmp-hf-999999999-0a1b"
+    alive = tmp_path / f".tmp-hf-{os.getpid()}-0a1b"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "part-00001.safetensors").write_bytes(b"half")
+    export_hf(saved / "checkpoints/step-4", tmp_path / "hf")
+    assert not dead.exists() and alive.exists()
+    assert (tmp_path / "hf/config.json").is_file()

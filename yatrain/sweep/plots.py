@@ -27,8 +27,16 @@ def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
         seen = [r for r in ok if r.get("peak_tensor_bytes") is not None]  # like with like
         ax.plot([r["seq_len"] for r in seen], [r["peak_tensor_bytes"] / scale for r in seen],
                 "o-", color=color, label=f"{label}: measured")  # fmt: skip
-        ax.plot([r["seq_len"] for r in mine], [r["predicted_peak_bytes"] / scale for r in mine],
-                "--", color=color, alpha=0.7, label=f"{label}: planner")  # fmt: skip
+        ax.plot(
+            [r["seq_len"] for r in mine],
+            [r["predicted_peak_bytes"] / scale for r in mine],
+            "s--",
+            color=color,
+            alpha=0.7,
+            markersize=10,
+            markerfacecolor="none",
+            label=f"{label}: planner",
+        )  # fmt: skip (hollow: visible on a measured point)
         if oom:
             ax.plot([r["seq_len"] for r in oom], [r["predicted_peak_bytes"] / scale for r in oom],
                     "x", color="red", markersize=10, label=f"{label}: OOM")  # fmt: skip
@@ -42,7 +50,8 @@ def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
 
 
 def draw_plots(rows: list[dict], out_dir: Path, title: str, note: str = "") -> list[Path]:
-    """``throughput.png`` and ``memory.png`` (measured solid, planner dashed, OOM as x), and
+    """``throughput.png`` and ``memory.png`` (measured solid, planner dashed with hollow
+    squares, OOM as x), and
     both side by side in ``sweep.png``; ``note`` goes under the figures."""
     import matplotlib  # optional at import time: only a sweep that plots needs it
 

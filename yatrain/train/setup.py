@@ -21,8 +21,7 @@ from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
-from yatrain.plan import resolve_auto_checkpoint_layers
-from yatrain.plan.fit import check_fit
+from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
 from yatrain.sharding import InitHooks, ShardedEngine
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.loggers import Loggers

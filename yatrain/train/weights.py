@@ -7,7 +7,7 @@ engine materialises it, so neither ever holds the whole model.
 Nothing read here can run code: our checkpoints go through ``open_checkpoint`` (restricted
 unpickling, checksums), Hugging Face weights are read from safetensors only (never
 ``pytorch_model.bin``, a pickle), and a ``config.json`` we cannot honour is refused.
-An export is written to ``.tmp-OUT-PID`` and renamed when complete; one left by a killed
+An export is written to ``.tmp-OUT-PID-XXXX`` and renamed when complete; one left by a killed
 export is removed by the next export to the same place.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,7 +57,7 @@ def export_hf(
     cfg = saved.model
     dtype = dtype or saved.manifest.get("dtype", "fp32")
     _remove_stale_exports(output)
-    tmp = output.parent / f".tmp-{output.name}-{os.getpid()}"
+    tmp = output.parent / f".tmp-{output.name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp.mkdir(parents=True)
     except OSError as error:
@@ -82,9 +83,9 @@ def export_hf(
 
 
 def _remove_stale_exports(output: Path) -> None:
-    """Delete ``.tmp-OUT-PID`` directories whose export process no longer runs."""
+    """Delete ``.tmp-OUT-PID-XXXX`` directories whose export process no longer runs."""
     for stale in output.parent.glob(f".tmp-{output.name}-*") if output.parent.is_dir() else []:
-        pid = stale.name.rsplit("-", 1)[-1]
+        pid = stale.name.rsplit("-", 2)[-2]
         if pid.isdigit() and not _running(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
 
