@@ -14,7 +14,7 @@ FAST = [
     "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
     "model.ffn_dim=160", "model.vocab_size=512", "model.max_seq_len=64",
     "data.seq_len=32", "data.micro_batch_size=2", "data.global_batch_size=4",
-    "train.log_every=1", "logging.wandb.mode=disabled",
+    "train.log_every=1", "logging.wandb.mode=disabled", "eval.every=0", "eval.at_end=false",
 ]  # fmt: skip
 
 # How far the memory planner may be from the live-tensor count of real engine steps
@@ -27,11 +27,13 @@ PLANNER_TOLERANCE = 0.07
 
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory) -> Path:
-    """A slice of the built-in stdlib corpus with a 512-token tokenizer."""
+    """A slice of the built-in stdlib corpus with a 512-token tokenizer; a tenth of its
+    documents held out as the validation split."""
     from yatrain.data import default_corpus_files, prepare_data
 
     out = tmp_path_factory.mktemp("data") / "stdlib-small"
-    prepare_data(out, default_corpus_files(max_bytes=400_000), vocab_size=512, progress=False)
+    files = default_corpus_files(max_bytes=400_000)
+    prepare_data(out, files, vocab_size=512, progress=False, val_fraction=0.1)
     return out
 
 

@@ -185,8 +185,10 @@ def test_large_parquet_reads_in_batches(model, tmp_path):
 
 
 def _shard_bytes(path: Path) -> list[bytes]:
+    """Every token file's bytes: the training split's, then the validation split's."""
     manifest = TokenShards.open(path).manifest
-    return [(path / f["name"]).read_bytes() for f in manifest["files"]]
+    files = [*manifest["files"], *manifest["validation"]["files"]]
+    return [(path / f["name"]).read_bytes() for f in files]
 
 
 def test_output_identical_for_any_worker_count(model, tmp_path, monkeypatch):
@@ -200,10 +202,11 @@ def test_output_identical_for_any_worker_count(model, tmp_path, monkeypatch):
     for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
         manifests[workers] = prepare_data(
-            out, [data], tokenizer=model, workers=workers, shard_tokens=1500, progress=False
-        )
+            out, [data], tokenizer=model, workers=workers, shard_tokens=1500, progress=False,
+            val_fraction=0.25,
+        )  # fmt: skip
     assert manifests[1] == manifests[2] == manifests[3]
-    assert len(manifests[1]["files"]) > 3
+    assert len(manifests[1]["files"]) > 3 and len(manifests[1]["validation"]["files"]) > 1
     assert _shard_bytes(tmp_path / "w1") == _shard_bytes(tmp_path / "w2")
     assert _shard_bytes(tmp_path / "w1") == _shard_bytes(tmp_path / "w3")
 
@@ -220,9 +223,9 @@ def test_parallel_encoding_is_ordered_and_bounded(model, monkeypatch):
             yield doc
 
     results = []
-    for tokens, count in par.encode_stream(tok, source(), np.dtype("<u2"), workers=2):
-        assert count == 1
-        results.append(tokens)
+    for chunk in par.encode_stream(tok, source(), np.dtype("<u2"), workers=2):
+        assert (chunk.train_documents, chunk.val_documents) == (1, 0)
+        results.append(chunk.train)
         ahead = len(pulled) - len(results)
         assert ahead <= par._IN_FLIGHT_PER_WORKER * 2 + 1, "documents read far ahead of results"
     expected = [[tok.bos_id, *tok.encode(d), tok.eos_id] for d in docs]

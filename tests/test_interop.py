@@ -13,9 +13,13 @@ from conftest import FAST, ROOT
 from safetensors.torch import load_file
 
 from yatrain.config import load_recipe
+from yatrain.data import TokenShards
 from yatrain.errors import ConfigError
+from yatrain.models.generate import Sampling
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
+from yatrain.train.eval_checkpoint import evaluate_checkpoint
+from yatrain.train.generation import generate_text
 from yatrain.train.loop import pretrain
 from yatrain.train.weights import export_hf, init_from_source, iter_checkpoint_weights
 
@@ -107,13 +111,18 @@ def test_export_matches_a_forward_in_the_hugging_face_convention(trained, tmp_pa
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_transformers_loads_export_with_matching_logits(trained, tmp_path):
+def _transformers():
     if os.environ.get("YATRAIN_TEST_REQUIRE_HF"):  # scripts/test.sh: CI must not skip this
         import transformers
-    else:
-        transformers = pytest.importorskip(
-            "transformers", reason="pip install -e '.[hf]' to run the Hugging Face round trip"
-        )
+
+        return transformers
+    return pytest.importorskip(
+        "transformers", reason="pip install -e '.[hf]' to run the Hugging Face round trip"
+    )
+
+
+def test_transformers_loads_export_with_matching_logits(trained, tmp_path):
+    transformers = _transformers()
     checkpoint, cfg = trained
     out = export_hf(checkpoint, tmp_path / "hf")
     theirs = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -125,6 +134,35 @@ def test_transformers_loads_export_with_matching_logits(trained, tmp_path):
         want = ours(tokens)
         got = theirs(tokens).logits
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_transformers_agrees_on_greedy_generation_and_held_out_loss(trained, tmp_path):
+    """``yatrain generate --temperature 0`` and ``yatrain eval`` against transformers on the
+    exported checkpoint: the same prompt ids, new tokens and held-out loss."""
+    transformers = _transformers()
+    checkpoint, cfg = trained
+    out = export_hf(checkpoint, tmp_path / "hf")
+    theirs = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    ours = generate_text(checkpoint, "def main():", max_new_tokens=12, sampling=Sampling(0.0))
+    assert tokenizer("def main():")["input_ids"] == ours["prompt_ids"]  # BOS first, as here
+    prompt = torch.tensor([ours["prompt_ids"]])
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():
+        generated = theirs.generate(
+            prompt, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=eos
+        )
+    assert generated[0, prompt.shape[1] :].tolist() == ours["new_ids"]
+
+    held_out = evaluate_checkpoint(checkpoint, batches=2)
+    seq, windows = cfg.data.seq_len, held_out["val_windows"]
+    shards = TokenShards.open(cfg.data.path, split="validation")
+    tokens = torch.from_numpy(shards.read(0, windows * seq + 1)).unfold(0, seq + 1, seq)
+    with torch.no_grad():
+        logits = theirs(tokens[:, :-1]).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    assert held_out["val_tokens"] == tokens[:, 1:].numel() == 2 * 4 * seq
+    assert loss.item() == pytest.approx(held_out["val_loss"], rel=1e-5)
 
 
 def _engine_weights(cfg, source: Path) -> dict[str, torch.Tensor]:

@@ -84,6 +84,8 @@ def test_sweep_writes_table_csv_json_and_plots(swept):
     table = result.stdout
     assert "tok/s/dev" in table and "plan MiB" in table and "OOM" in table
     assert not (out_dir / "configs/seq32-ckpt0/checkpoints").exists()  # measurement runs only
+    # tiny.yaml evaluates (eval.every, eval.at_end), a measurement run never does
+    assert "val_loss" not in (out_dir / "configs/seq32-ckpt0/metrics.jsonl").read_text()
 
 
 def test_oom_is_a_row_and_the_sweep_goes_on(swept):

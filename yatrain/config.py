@@ -50,6 +50,11 @@ class DataSource:
 
     path: str
     weight: float = _limit(gt=0)  # share of training windows (weights are normalised)
+    name: str | None = None  # its name in logs (val_loss/NAME); default: the directory's name
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else Path(self.path).name
 
 
 @dataclass(kw_only=True)
@@ -59,6 +64,9 @@ class DataConfig:
     # tokenized data dir; relative paths are relative to the current directory
     path: str | None = None
     sources: list[DataSource] | None = None  # instead of path: a weighted mixture of dirs
+    # Held-out data for evaluation: a data directory (its validation split, or all of it if
+    # it has none); None = the validation split of path (of each source in a mixture).
+    val_path: str | None = None
     tokenizer: str | None = None  # None = the tokenizer stored with the data
     seq_len: int = _limit(ge=1)
     micro_batch_size: int = _limit(ge=1)  # sequences per GPU per forward/backward
@@ -121,6 +129,16 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out loss during training: the first ``batches`` global batches of windows of the
+    held-out stream, in order, every ``every`` steps (README: Evaluation)."""
+
+    every: int = _limit(0, ge=0)  # evaluate every N steps; 0 = never during the run
+    batches: int = _limit(8, ge=1)  # global batches (x data.global_batch_size windows) per eval
+    at_end: bool = False  # also evaluate after the last step
+
+
+@dataclass(kw_only=True)
 class WandbConfig:
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
     project: str = "yatrain"
@@ -140,7 +158,13 @@ class Recipe:
     optim: OptimConfig
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def evaluates(self) -> bool:
+        """Does the run evaluate on held-out data (periodically or at the end)?"""
+        return self.eval.every > 0 or self.eval.at_end
 
 
 # ----------------------------------------------------------------------------- loading
@@ -269,6 +293,7 @@ def _check_sources(data: DataConfig) -> None:
         if not data.sources:
             raise ConfigError("'data.sources' is empty: list at least one {path, weight}")
         seen: dict[str, int] = {}
+        names: dict[str, int] = {}
         for i, source in enumerate(data.sources):
             key = str(Path(source.path))
             if key in seen:
@@ -276,7 +301,12 @@ def _check_sources(data: DataConfig) -> None:
                     f"'data.sources[{i}].path' repeats data.sources[{seen[key]}] ({source.path}): "
                     "list each directory once and give it the combined weight"
                 )
-            seen[key] = i
+            if source.label in names:
+                raise ConfigError(
+                    f"'data.sources[{i}]' and data.sources[{names[source.label]}] are both "
+                    f"named {source.label!r} in logs: give one a 'name'"
+                )
+            seen[key], names[source.label] = i, i
     if data.restart_positions and not data.document_mask:
         raise ConfigError(
             "'data.restart_positions' needs 'data.document_mask: true' (positions restart "

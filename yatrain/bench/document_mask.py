@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
             with contextlib.redirect_stderr(io.StringIO()):
                 prepare_data(data, None, vocab_size=4096, progress=False)
         base = [f"data.path={data}", "logging.wandb.mode=disabled", "train.log_every=1"]
-        base += ["checkpoint.enabled=false", f"train.steps={args.steps}"]
+        base += ["checkpoint.enabled=false", "eval.every=0", "eval.at_end=false"]
+        base += [f"train.steps={args.steps}"]
         recipe = load_recipe(args.recipe, base)
         d = recipe.data
         print(

@@ -90,6 +90,8 @@ def load(args: argparse.Namespace, data_dir: Path) -> Recipe:
         "train.log_every=1",  # a metrics record (step time, data wait) for every step
         # Save only after the last step: a periodic save lands in the next step's window.
         "checkpoint.every=0",
+        "eval.every=0",  # step times only: no held-out evaluation
+        "eval.at_end=false",
         f"train.steps={args.steps}",
     ]
     if args.dtype:

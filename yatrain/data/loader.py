@@ -62,6 +62,7 @@ class BatchLoader:
     rank: int
     step: int
     tokenizer_files: list[Path]
+    tokenizer_sha256: str
     vocab_size: int
     bos_id: int
     eos_id: int
@@ -130,6 +131,7 @@ class GlobalBatchLoader(BatchLoader):
         self.step = 0
         self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
         self.tokenizer_files, self.vocab_size = shards.tokenizer_files, shards.vocab_size
+        self.tokenizer_sha256 = shards.tokenizer_sha256
         self.bos_id, self.eos_id = shards.bos_id, shards.eos_id
         self.document_mask, self.restart_positions = document_mask, restart_positions
 

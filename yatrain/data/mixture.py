@@ -97,6 +97,7 @@ class MixtureLoader(BatchLoader):
         self.rank, self.world_size, self.step = rank, world_size, 0
         first = sources[0]
         self.tokenizer_files, self.vocab_size = first.tokenizer_files, first.vocab_size
+        self.tokenizer_sha256 = first.tokenizer_sha256
         self.bos_id, self.eos_id = first.bos_id, first.eos_id
         self.document_mask, self.restart_positions = document_mask, restart_positions
         self.notice = notice or (lambda message: None)

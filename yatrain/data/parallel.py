@@ -5,7 +5,8 @@ numbers them; N workers take chunks from one queue as they become free (so a lon
 does not hold the others up) and the reading process puts the results back in chunk order,
 so the output is byte-identical for any N. At most ``4 N`` chunks are read ahead of the
 writer, whatever the corpus size. Each worker encodes on one thread and returns its chunk
-packed as ``[bos] doc [eos] [bos] doc [eos] ...`` in the token dtype, ready to be written.
+packed as ``[bos] doc [eos] [bos] doc [eos] ...`` in the token dtype, ready to be written,
+split into training and held-out documents (``split.pack_split``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from yatrain.data.split import Packed, pack_split
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.errors import DataError
 
@@ -49,18 +51,13 @@ def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def pack(tokenizer: Tokenizer, docs: list[str], dtype: np.dtype, threads: int = 1) -> np.ndarray:
-    """The chunk's documents as one array: each one's ids between BOS and EOS."""
-    return tokenizer.encode_packed(docs, dtype, threads)
-
-
-def _worker(tokenizer: Tokenizer, dtype: np.dtype, inbox, outbox) -> None:
+def _worker(tokenizer: Tokenizer, dtype: np.dtype, val_fraction: float, inbox, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker
     while (task := inbox.get()) is not None:
         index, docs = task
         try:
-            outbox.put((index, (pack(tokenizer, docs, dtype), len(docs))))
+            outbox.put((index, pack_split(tokenizer, docs, dtype, 1, val_fraction)))
         except Exception as e:  # reported by the parent as one line
             outbox.put((index, f"{type(e).__name__}: {str(e).strip()[:300]}"))
 
@@ -69,7 +66,7 @@ class _Pool:
     """N processes taking numbered chunks from one queue as they become free; the parent
     puts the results back in order."""
 
-    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, workers: int):
+    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, workers: int, val_fraction: float):
         # fork: a worker starts in milliseconds with the tokenizer already loaded. Elsewhere
         # the tokenizer is pickled as its path and reloaded in each worker.
         method = "fork" if sys.platform.startswith("linux") else "spawn"
@@ -77,19 +74,20 @@ class _Pool:
         self.inbox, self.outbox = context.Queue(), context.Queue()
         self.processes = [
             context.Process(
-                target=_worker, args=(tokenizer, dtype, self.inbox, self.outbox), daemon=True,
+                target=_worker, args=(tokenizer, dtype, val_fraction, self.inbox, self.outbox),
+                daemon=True,
                 name=f"yatrain-tokenize-{i}",
             )
             for i in range(workers)
         ]  # fmt: skip
         for process in self.processes:
             process.start()
-        self.done: dict[int, tuple[np.ndarray, int]] = {}
+        self.done: dict[int, Packed] = {}
 
     def submit(self, index: int, docs: list[str]) -> None:
         self.inbox.put((index, docs))
 
-    def result(self, index: int) -> tuple[np.ndarray, int]:
+    def result(self, index: int) -> Packed:
         """The result of chunk ``index``, keeping the others that arrive meanwhile."""
         while index not in self.done:
             try:
@@ -126,16 +124,19 @@ def encode_stream(
     dtype: np.dtype,
     workers: int = 1,
     threads: int = 1,
-) -> Iterator[tuple[np.ndarray, int]]:
-    """(packed tokens, number of documents) per chunk of ``documents``, in order.
+    val_fraction: float = 0.0,
+) -> Iterator[Packed]:
+    """Each chunk of ``documents`` packed, split by ``val_fraction``, in order.
 
     ``workers`` processes encode on one thread each, started right away (before the caller
     starts threads of its own, such as a progress bar's); ``workers == 1`` encodes in this
     process on ``threads`` threads (the benchmark's single-process baseline).
     """
     if workers <= 1:
-        return ((pack(tokenizer, docs, dtype, threads), len(docs)) for docs in chunks(documents))
-    return _in_order(_Pool(tokenizer, dtype, workers), documents, workers)
+        return (
+            pack_split(tokenizer, docs, dtype, threads, val_fraction) for docs in chunks(documents)
+        )
+    return _in_order(_Pool(tokenizer, dtype, workers, val_fraction), documents, workers)
 
 
 def _in_order(pool: _Pool, documents: Iterable[str], workers: int):

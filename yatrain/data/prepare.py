@@ -2,8 +2,10 @@
 
 The corpus is read once to train a tokenizer (with ``vocab_size``) and once to tokenize it,
 streaming both times: documents go in chunks to the tokenizer workers and shards are written
-as they fill. Everything is built in a hidden temporary directory that is renamed into place
-only when the manifest is written; any failure removes it.
+as they fill. ``val_fraction`` of the documents (chosen by their content, ``split.held_out``)
+go to a validation split instead, which a trained tokenizer never sees. Everything is built
+in a hidden temporary directory that is renamed into place only when the manifest is
+written; any failure removes it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tqdm import tqdm
 from yatrain.data.corpus import Corpus, ReadStats
 from yatrain.data.parallel import default_workers, encode_stream
 from yatrain.data.shards import FORMAT, MANIFEST, ShardWriter, token_dtype
+from yatrain.data.split import DEFAULT_VAL_FRACTION, held_out
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.data.tokenizer_formats import load_tokenizer
 from yatrain.data.tokenizer_sentencepiece import train_tokenizer
@@ -45,15 +48,19 @@ def prepare_data(
     bos_token: str | None = None,
     eos_token: str | None = None,
     encode_threads: int = 1,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
 ) -> dict:
     """Tokenize ``inputs`` (default: the stdlib corpus) into a new data directory ``output``.
 
     Either encodes with an existing ``tokenizer`` (sentencepiece, tiktoken or tokenizer.json)
-    or trains a sentencepiece one with ``vocab_size`` pieces on the same documents.
+    or trains a sentencepiece one with ``vocab_size`` pieces on the training documents.
     ``workers`` processes tokenize in parallel (default: one per core); the output does not
-    depend on their number. Returns the manifest.
+    depend on their number. ``val_fraction`` of the documents are held out as the validation
+    split. Returns the manifest.
     """
     output = Path(output)
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
     workers = _check_arguments(output, tokenizer, vocab_size, shard_tokens, workers,
                                bos_token is not None or eos_token is not None)  # fmt: skip
     corpus = Corpus(inputs, text_field=text_field, skip_bad_records=skip_bad_records)
@@ -65,11 +72,10 @@ def prepare_data(
     tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        tok, names = _store_tokenizer(tmp, corpus, source, vocab_size, progress)
+        tok, names = _store_tokenizer(tmp, corpus, source, vocab_size, progress, val_fraction)
         manifest = {"format": FORMAT, **tok.describe(), "tokenizer_files": names}
-        manifest = _tokenize(
-            tmp, manifest, corpus, tok, shard_tokens, workers, encode_threads, progress
-        )
+        options = _Options(shard_tokens, workers, encode_threads, progress, val_fraction)
+        manifest = _tokenize(tmp, manifest, corpus, tok, options)
         try:
             os.rename(tmp, output)  # atomic; replaces ``output`` only if it is an empty dir
         except OSError:
@@ -105,15 +111,18 @@ def _check_arguments(
 
 
 def _store_tokenizer(
-    tmp: Path, corpus: Corpus, source: Tokenizer | None, vocab_size: int | None, progress: bool
-) -> tuple[Tokenizer, list[str]]:
+    tmp: Path, corpus: Corpus, source: Tokenizer | None, vocab_size: int | None, progress: bool,
+    val_fraction: float,
+) -> tuple[Tokenizer, list[str]]:  # fmt: skip
     """Copy or train the tokenizer into ``tmp``: the tokenizer, and the names of its files
-    there (the vocabulary file, whose hash identifies it, first)."""
+    there (the vocabulary file, whose hash identifies it, first). A trained tokenizer sees
+    the training documents only."""
     if source is None:
         start = time.perf_counter()
         if progress:
             print(f"training a {vocab_size}-piece BPE tokenizer...", file=sys.stderr)
-        train_tokenizer(corpus.documents(), tmp / "tokenizer", vocab_size)
+        documents = (d for d in corpus.documents() if not held_out(d, val_fraction))
+        train_tokenizer(documents, tmp / "tokenizer", vocab_size)
         if progress:
             print(f"tokenizer trained in {time.perf_counter() - start:.1f}s", file=sys.stderr)
         return load_tokenizer(tmp / "tokenizer.model"), ["tokenizer.model"]
@@ -121,17 +130,46 @@ def _store_tokenizer(
 
 
 @dataclass
-class Tokenized:
-    """What ``tokenize_into`` wrote, and how long it took."""
+class Split:
+    """One split's token files and counts, as the manifest records them."""
 
     files: list[dict]
-    num_documents: int
-    num_tokens: int
+    num_documents: int = 0
+    num_tokens: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "num_documents": self.num_documents,
+            "num_tokens": self.num_tokens,
+            "files": self.files,
+        }
+
+
+@dataclass
+class Tokenized:
+    """What ``tokenize_into`` wrote (the training and validation splits), and how long it
+    took."""
+
+    train: Split
+    val: Split
     seconds: float
+
+    @property
+    def num_tokens(self) -> int:
+        return self.train.num_tokens + self.val.num_tokens
 
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / max(self.seconds, 1e-9)
+
+
+@dataclass
+class _Options:
+    shard_tokens: int
+    workers: int
+    threads: int
+    progress: bool
+    val_fraction: float
 
 
 def tokenize_into(
@@ -142,60 +180,83 @@ def tokenize_into(
     workers: int,
     threads: int = 1,
     progress: bool = False,
+    val_fraction: float = 0.0,
 ) -> Tokenized:
-    """Read, tokenize and write the corpus as token shards in ``folder`` (the stage the
-    progress bar and the throughput benchmark time)."""
+    """Read, tokenize and write the corpus as token shards in ``folder``, ``val_fraction`` of
+    the documents into the validation split (the stage the progress bar and the throughput
+    benchmark time)."""
     dtype = token_dtype(tok.vocab_size)
-    writer = ShardWriter(folder, dtype, shard_tokens)
-    start, num_documents, num_tokens = time.perf_counter(), 0, 0
-    stream = encode_stream(tok, corpus.documents(), np.dtype(dtype), workers, threads)
+    writers = (
+        ShardWriter(folder, dtype, shard_tokens),
+        ShardWriter(folder, dtype, shard_tokens, "val"),
+    )
+    train, val = Split([]), Split([])
+    start = time.perf_counter()
+    stream = encode_stream(tok, corpus.documents(), np.dtype(dtype), workers, threads, val_fraction)
     bar = tqdm(
         desc="tokenizing", unit="tok", unit_scale=True, file=sys.stderr, disable=not progress
     )
-    for tokens, docs in stream:
-        writer.write(tokens)
-        num_documents += docs
-        num_tokens += len(tokens)
-        bar.update(len(tokens))
-        bar.set_postfix(docs=f"{num_documents:,}", refresh=False)
+    for chunk in stream:
+        for writer, split, tokens, docs in [
+            (writers[0], train, chunk.train, chunk.train_documents),
+            (writers[1], val, chunk.val, chunk.val_documents),
+        ]:
+            writer.write(tokens)
+            split.num_documents += docs
+            split.num_tokens += len(tokens)
+            bar.update(len(tokens))
+        bar.set_postfix(docs=f"{train.num_documents + val.num_documents:,}", refresh=False)
     bar.close()
-    files = writer.close()
-    return Tokenized(files, num_documents, num_tokens, time.perf_counter() - start)
+    train.files, val.files = writers[0].close(), writers[1].close()
+    return Tokenized(train, val, time.perf_counter() - start)
 
 
-def _tokenize(
-    tmp: Path,
-    manifest: dict,
-    corpus: Corpus,
-    tok: Tokenizer,
-    shard_tokens: int,
-    workers: int,
-    threads: int,
-    progress: bool,
-) -> dict:
+def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options: _Options) -> dict:
     """Write the token shards into ``tmp`` and complete and write ``manifest``."""
-    done = tokenize_into(tmp, corpus, tok, shard_tokens, workers, threads, progress)
+    done = tokenize_into(tmp, corpus, tok, options.shard_tokens, options.workers,
+                         options.threads, options.progress, options.val_fraction)  # fmt: skip
     if done.num_tokens == 0:
         raise DataError("the inputs produced no tokens: check --input")
+    if done.train.num_tokens == 0:
+        raise DataError(
+            f"--val-fraction {options.val_fraction} held out every document, leaving none to "
+            "train on: lower it"
+        )
     stats = corpus.stats
     manifest = {
         **manifest,
         "dtype": token_dtype(tok.vocab_size),
-        "num_documents": done.num_documents,
-        "num_tokens": done.num_tokens,
+        **done.train.to_json(),
+        "val_fraction": options.val_fraction,
+        "validation": done.val.to_json() if done.val.num_tokens else None,
         "skipped_bad_records": stats.bad_records,
         "first_bad_record": stats.first_bad_record,
         "skipped_files": [{"path": path, "reason": why} for path, why in stats.not_text],
-        "files": done.files,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    workers = options.workers
     print(
-        f"tokenized {done.num_documents:,} documents into {done.num_tokens:,} tokens in "
-        f"{done.seconds:.1f}s ({done.tokens_per_s:,.0f} tokens/s, {workers} worker"
-        f"{'s' if workers > 1 else ''}), {len(done.files)} file(s){_skipped(stats)}",
+        f"tokenized {done.train.num_documents + done.val.num_documents:,} documents into "
+        f"{done.num_tokens:,} tokens in {done.seconds:.1f}s ({done.tokens_per_s:,.0f} tokens/s, "
+        f"{workers} worker{'s' if workers > 1 else ''}), {len(done.train.files)} file(s)"
+        f"{_held_out(done, options.val_fraction)}{_skipped(stats)}",
         file=sys.stderr,
     )
     return manifest
+
+
+def _held_out(done: Tokenized, val_fraction: float) -> str:
+    if val_fraction == 0:
+        return "; no validation split (--val-fraction 0)"
+    if done.val.num_documents == 0:
+        return (
+            f"; --val-fraction {val_fraction} held out no document (too few documents): no "
+            "validation split"
+        )
+    return (
+        f"; held out {done.val.num_documents:,} documents ({done.val.num_tokens:,} tokens) "
+        "as the validation split"
+    )
 
 
 def _skipped(stats: ReadStats) -> str:

@@ -5,12 +5,15 @@ A data directory holds::
     tokenizer.model       the tokenizer the tokens were produced with (sentencepiece or
                           tiktoken), or tokenizer.json + tokenizer_config.json (Hugging Face)
     tokens-00000.bin ...  raw little-endian uint16 (vocab <= 65536) or uint32 token ids
+    val-00000.bin ...     the validation split (held-out documents), in the same format
     manifest.json         format, dtype, tokenizer kind/hash/BOS/EOS/vocabulary, counts,
-                          skipped inputs, and per-file sizes/sha256
+                          skipped inputs, per-file sizes/sha256, and the validation split's
+                          counts and files (``validation``: null when none was held out)
 
 Every document is stored as ``[bos] + tokens + [eos]``, packed back to back with no padding;
-the files are simply consecutive pieces of that one stream. The directory is built under a
-temporary name and renamed into place at the end, so a directory with a manifest is complete.
+the files of a split are simply consecutive pieces of that one stream. The top-level counts
+and ``files`` are the training split. The directory is built under a temporary name and
+renamed into place at the end, so a directory with a manifest is complete.
 """
 
 import hashlib
@@ -26,6 +29,7 @@ FORMAT = "yatrain-tokens-v1"
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.model"  # the tokenizer file of data prepared before tokenizer kinds
 TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "hf")
+SPLITS = ("train", "validation")
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _VERIFY_MAX_BYTES = 512 * 2**20  # above this, hashing every shard on open costs too much
 
@@ -36,10 +40,11 @@ def token_dtype(vocab_size: int) -> str:
 
 
 class ShardWriter:
-    """Appends tokens to ``tokens-NNNNN.bin`` files of at most ``shard_tokens`` tokens each."""
+    """Appends tokens to ``PREFIX-NNNNN.bin`` files of at most ``shard_tokens`` tokens each."""
 
-    def __init__(self, directory: Path, dtype: str, shard_tokens: int):
+    def __init__(self, directory: Path, dtype: str, shard_tokens: int, prefix: str = "tokens"):
         self.directory, self.dtype, self.shard_tokens = directory, _DTYPES[dtype], shard_tokens
+        self.prefix = prefix
         self.files: list[dict] = []
         self._digests: list = []
 
@@ -47,7 +52,8 @@ class ShardWriter:
         tokens = tokens.astype(self.dtype, copy=False)
         while len(tokens):
             if not self.files or self.files[-1]["num_tokens"] == self.shard_tokens:
-                self.files.append({"name": f"tokens-{len(self.files):05d}.bin", "num_tokens": 0})
+                name = f"{self.prefix}-{len(self.files):05d}.bin"
+                self.files.append({"name": name, "num_tokens": 0})
                 self._digests.append(hashlib.sha256())
             entry = self.files[-1]
             piece = tokens[: self.shard_tokens - entry["num_tokens"]]
@@ -64,16 +70,24 @@ class ShardWriter:
         return self.files
 
 
-class TokenShards:
-    """Read-only view of a data directory as one long token stream (memory-mapped)."""
+def split_entry(manifest: dict, split: str) -> dict | None:
+    """A split's ``num_documents``, ``num_tokens`` and ``files``; None when it has none."""
+    if split == "train":
+        return manifest
+    return manifest.get("validation")
 
-    def __init__(self, path: Path, manifest: dict, arrays: list[np.ndarray]):
-        self.path, self.manifest, self._arrays = path, manifest, arrays
+
+class TokenShards:
+    """Read-only view of one split of a data directory as one long token stream
+    (memory-mapped): the training split, or the held-out ``validation`` split."""
+
+    def __init__(self, path: Path, manifest: dict, arrays: list[np.ndarray], split: str = "train"):
+        self.path, self.manifest, self._arrays, self.split = path, manifest, arrays, split
         sizes = np.array([len(a) for a in arrays], dtype=np.int64)
         self._ends = np.cumsum(sizes)
         self._starts = self._ends - sizes
         self.vocab_size: int = manifest["vocab_size"]
-        self.num_tokens: int = manifest["num_tokens"]
+        self.num_tokens: int = split_entry(manifest, split)["num_tokens"]
         self.tokenizer_sha256: str = manifest["tokenizer_sha256"]
         self.tokenizer_kind: str = manifest.get("tokenizer_kind", "sentencepiece")
         self.bos_id: int = manifest["bos_id"]
@@ -83,16 +97,21 @@ class TokenShards:
         self.tokenizer_path: Path = self.tokenizer_files[0]  # the vocabulary file (hashed)
 
     @classmethod
-    def open(cls, path: Path, verify_checksums: bool | None = None) -> "TokenShards":
-        """Open and validate a data directory; checksums are verified by default up to 512 MB."""
+    def open(
+        cls, path: Path, verify_checksums: bool | None = None, split: str = "train"
+    ) -> "TokenShards":
+        """Open and validate one split of a data directory; checksums are verified by default
+        up to 512 MB. A missing validation split is a DataError (``has_validation`` asks)."""
         path = Path(path)
-        if not (path / MANIFEST).is_file():
+        manifest = load_manifest(path)
+        part = split_entry(manifest, split)
+        if part is None:
             raise DataError(
-                f"no tokenized data at {path}: run `yatrain prepare-data --output {path}` first"
+                f"{path} has no held-out validation split: prepare it again with "
+                "`yatrain prepare-data --val-fraction F`"
             )
-        manifest = _load_manifest(path / MANIFEST)
         dtype = _DTYPES[manifest["dtype"]]
-        total_bytes = manifest["num_tokens"] * dtype.itemsize
+        total_bytes = part["num_tokens"] * dtype.itemsize
         if verify_checksums is None:
             verify_checksums = total_bytes <= _VERIFY_MAX_BYTES
         fix = f"re-run `yatrain prepare-data` into a new directory to rebuild {path}"
@@ -107,7 +126,7 @@ class TokenShards:
             )
 
         arrays = []
-        for entry in manifest["files"]:
+        for entry in part["files"]:
             file = path / entry["name"]
             if not file.is_file():
                 raise DataError(f"token file {file} is missing: {fix}")
@@ -123,7 +142,7 @@ class TokenShards:
             if verify_checksums:  # read anyway: every id checked now, the rest on each read
                 _check_ids(array, manifest["vocab_size"], f"token file {file}", fix)
             arrays.append(array)
-        return cls(path, manifest, arrays)
+        return cls(path, manifest, arrays, split)
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the whole stream as int64, across files;
@@ -144,7 +163,23 @@ class TokenShards:
         return out
 
     def __repr__(self) -> str:
-        return f"TokenShards({str(self.path)!r}, num_tokens={self.num_tokens:,})"
+        return f"TokenShards({str(self.path)!r}, {self.split}, num_tokens={self.num_tokens:,})"
+
+
+def load_manifest(path: Path) -> dict:
+    """The checked manifest of the data directory ``path``."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise DataError(
+            f"no tokenized data at {path}: run `yatrain prepare-data --output {path}` first"
+        )
+    return _load_manifest(path / MANIFEST)
+
+
+def has_validation(manifest: dict) -> bool:
+    """Was a validation split written (prepared with a positive ``--val-fraction`` that held
+    out at least one document)?"""
+    return manifest.get("validation") is not None
 
 
 def _check_ids(tokens: np.ndarray, vocab_size: int, where: str, fix: str) -> None:
@@ -189,12 +224,23 @@ def _load_manifest(file: Path) -> dict:
         raise DataError(
             f"{file} has dtype {manifest['dtype']!r} for vocab size {manifest['vocab_size']}: {fix}"
         )
-    for entry in manifest["files"]:
+    validation = manifest.get("validation")
+    if validation is not None:
+        ok = isinstance(validation, dict) and isinstance(validation.get("files"), list)
+        ok = ok and all(isinstance(validation.get(k), int) for k in ("num_tokens", "num_documents"))
+        if not ok:
+            raise DataError(f"{file} has an invalid 'validation' entry: {fix}")
+    for part in [manifest] if validation is None else [manifest, validation]:
+        _check_files(file, part, fix)
+    return manifest
+
+
+def _check_files(file: Path, part: dict, fix: str) -> None:
+    for entry in part["files"]:
         ok = isinstance(entry, dict) and isinstance(entry.get("name"), str)
         ok = ok and isinstance(entry.get("num_tokens"), int) and entry["num_tokens"] > 0
         ok = ok and isinstance(entry.get("sha256"), str) and "/" not in entry["name"]
         if not ok:
             raise DataError(f"{file} has an invalid files entry {entry!r}: {fix}")
-    if sum(e["num_tokens"] for e in manifest["files"]) != manifest["num_tokens"]:
+    if sum(e["num_tokens"] for e in part["files"]) != part["num_tokens"]:
         raise DataError(f"{file}: num_tokens differs from the sum over its files: {fix}")
-    return manifest

@@ -10,6 +10,7 @@ is a rename-free state_dict.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -69,8 +70,19 @@ def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return same & causal
 
 
+class LayerCache(Protocol):
+    """One layer's keys and values of earlier positions (``models.generate.LayerKV``)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append k, v [B, kv heads, T, D]; q [B, heads, T, D] attends over all of them."""
+        ...
+
+
 class Attention(nn.Module):
-    """Causal multi-head attention with grouped-query K/V heads and rotary positions."""
+    """Causal multi-head attention with grouped-query K/V heads and rotary positions.
+
+    With a ``kv_cache`` (generation, ``models.generate``) the new keys and values are
+    appended to it and the queries attend over everything it holds."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -86,6 +98,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None = None,
+        kv_cache: LayerCache | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
@@ -93,7 +106,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
-        if mask is None:  # the plain causal path: lets SDPA pick its fastest kernel
+        if kv_cache is not None:
+            y = kv_cache.attend(q, k, v)
+        elif mask is None:  # the plain causal path: lets SDPA pick its fastest kernel
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
@@ -129,8 +144,9 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None = None,
+        kv_cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask)
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, kv_cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 

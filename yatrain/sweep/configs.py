@@ -90,7 +90,7 @@ def expand_configs(
                 f"data.micro_batch_size={micro}",
                 f"sharding.activation_checkpoint_layers={setting}", f"train.steps={steps}",
                 "train.log_every=1", "checkpoint.dir=checkpoints",
-                "checkpoint.enabled=false",
+                "checkpoint.enabled=false", "eval.every=0", "eval.at_end=false",
             ]  # fmt: skip
             if seq > max_seq_len:  # rotary positions: no learned table to outgrow
                 sets.append(f"model.max_seq_len={seq}")

@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim import Optimizer
 
 from yatrain import __version__
+from yatrain.data import Tokenizer, load_tokenizer
 from yatrain.sharding import ShardedEngine, ShardView, StateEntry
 from yatrain.train.checksum import copy_hashed
 from yatrain.train.dcp_io import failure_message, load_alone, load_state, save_state
@@ -47,6 +48,7 @@ from yatrain.train.manifest import (
     read_manifest,
 )
 from yatrain.train.optim import ensure_state, share_step_count, step_count
+from yatrain.train.runtime import Runtime
 
 # ---------------------------------------------------------------------- state <-> tensors
 
@@ -212,15 +214,26 @@ def load_checkpoint(
     path: Path, engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh | None
 ) -> None:
     """Collective: fill the engine's shards and AdamW state from ``path`` at any world size."""
-    state = training_state(engine, optimizer, mesh)
+    _load(training_state(engine, optimizer, mesh), path)
+    share_step_count(optimizer)
+    engine.after_step()  # refresh gather inputs (bf16 copies) from the loaded masters
+
+
+def load_weights(path: Path, engine: ShardedEngine, mesh: DeviceMesh | None) -> None:
+    """Collective: fill only the engine's weight shards from ``path`` (evaluation: no
+    optimizer), at any world size."""
+    views = engine.sharded_state()["model"]
+    _load({"model": {key: _for_dcp(view, mesh) for key, view in views.items()}}, path)
+    engine.after_step()
+
+
+def _load(state: dict, path: Path) -> None:
     try:
         load_state(state, path)
     except (Exception, CheckpointException) as error:  # DCP raises many types
         raise CheckpointError(
             f"could not load checkpoint {path}: {failure_message(error)}"
         ) from None
-    share_step_count(optimizer)
-    engine.after_step()  # refresh gather inputs (bf16 copies) from the loaded masters
 
 
 def read_weights(checkpoint: SavedCheckpoint, entry: StateEntry) -> dict[str, torch.Tensor]:
@@ -235,10 +248,28 @@ def read_weights(checkpoint: SavedCheckpoint, entry: StateEntry) -> dict[str, to
     return entry.split(flat)
 
 
+def checkpoint_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer a checkpoint's run trained with (saved with it)."""
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if (path / name).is_file():
+            return load_tokenizer(path / name)
+    raise CheckpointError(
+        f"checkpoint {path} holds no tokenizer (tokenizer.model or tokenizer.json): it was "
+        "saved by an older yatrain; use a newer checkpoint"
+    )
+
+
 def iter_full_weights(checkpoint: SavedCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:
     """Every parameter in fp32, one saved flat tensor (a unit) in memory at a time."""
     for entry in checkpoint.layout:
         yield from read_weights(checkpoint, entry).items()
+
+
+def dcp_mesh(runtime: Runtime) -> DeviceMesh | None:
+    """The one-dimensional mesh DCP shards over; None in a single process."""
+    if not runtime.distributed:
+        return None
+    return init_device_mesh(runtime.device.type, (runtime.world_size,))
 
 
 def _barrier() -> None:

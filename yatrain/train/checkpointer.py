@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.optim import Optimizer
 
-from yatrain.config import ModelConfig, Recipe, recipe_to_yaml
+from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.data import BatchLoader
 from yatrain.sharding import ShardedEngine
 from yatrain.train.checkpoint import (
+    dcp_mesh,
     load_checkpoint,
     move_aside,
     remove_stale_saves,
@@ -54,13 +54,10 @@ class Checkpointer:
         self.meta = {
             "model": dataclasses.asdict(recipe.model),
             "recipe_sha256": hashlib.sha256(recipe_to_yaml(recipe).encode()).hexdigest(),
+            "recipe": recipe_to_dict(recipe),  # for `yatrain eval`: its data, batches, dtype
             "dtype": recipe.train.dtype,
         }
-        self.mesh = (
-            init_device_mesh(runtime.device.type, (runtime.world_size,))
-            if runtime.distributed
-            else None
-        )
+        self.mesh = dcp_mesh(runtime)
         self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
         self.stale: list[Path] = remove_stale_saves(root) if runtime.is_main else []
 

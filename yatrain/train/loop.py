@@ -2,8 +2,8 @@
 
 Read top to bottom: ``pretrain`` joins the process group and builds the run
 (``setup.setup``: data, model, engine, optimizer, resume point, loggers); ``train`` runs the
-steps, each ``step`` being learning rate, data, ``train_step``, then logging and
-checkpointing when their components say they are due; a watchdog ends a step stuck in a
+steps, each ``step`` being learning rate, data, ``train_step``, then evaluation, logging
+and checkpointing when their components say they are due; a watchdog ends a step stuck in a
 collective, and a lost peer or an exhausted allocator ends the run in one line
 (``failures.explain``). Checkpoints capture everything the
 next step depends on (weights, AdamW state, the global data position; no random state is
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError
+from yatrain.train.evaluate import Evaluation
 from yatrain.train.failures import explain
 from yatrain.train.guard import StepGuard
 from yatrain.train.optim import set_lr
@@ -77,8 +78,12 @@ def train(run: Run) -> dict:
             run.step_number = step_number
             run.watchdog.phase(f"step {step_number}")
             outcome, lr = step(run, step_number, guard)
-            if run.meter.due(step_number):
-                log(run, step_number, outcome, lr)
+            evaluation = None
+            if run.evaluator.due(step_number, outcome.stop):
+                run.watchdog.phase(f"the evaluation after step {step_number}")
+                evaluation = evaluate(run)
+            if run.meter.due(step_number) or evaluation is not None:
+                log(run, step_number, outcome, lr, evaluation)
             if run.checkpointer.due(step_number, outcome.stop):
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
                 save(run, step_number)
@@ -127,10 +132,22 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     return outcome, lr
 
 
-def log(run: Run, step_number: int, outcome: StepOutcome, lr: float) -> None:
-    """Close the metrics window at this step (collective), log its record, open the next."""
+def evaluate(run: Run) -> Evaluation:
+    """The held-out loss after this step (collective); its time is left out of the
+    step-time window."""
+    evaluation = run.evaluator.evaluate(run.model)
+    run.meter.exclude(evaluation.seconds)
+    return evaluation
+
+
+def log(
+    run: Run, step_number: int, outcome: StepOutcome, lr: float, evaluation: Evaluation | None
+) -> None:
+    """Close the metrics window at this step (collective), log its record (with the
+    evaluation's figures at an evaluation step), open the next."""
+    val = evaluation.record_fields() if evaluation is not None else None
     record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr,
-                              run.engine.bytes_sent, run.skipped_steps)  # fmt: skip
+                              run.engine.bytes_sent, run.skipped_steps, val)  # fmt: skip
     run.loggers.log(record)
     run.meter.open_window()  # logging is not step time
 

@@ -112,6 +112,7 @@ _FIELDS = {  # key: (type, required)
     "unit_numels": (list, True), "files": (dict, True), "model": (dict, True),
     "yatrain_version": (str, False), "loader": (dict, False), "tokens_seen": (int, False),
     "skipped_steps": (int, False), "dtype": (str, False), "recipe_sha256": (str, False),
+    "recipe": (dict, False),
 }  # fmt: skip
 
 

@@ -174,9 +174,11 @@ class StepMeter:
         self.window_start += seconds
 
     def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-               bytes_sent: int, skipped_steps: int) -> MetricsRecord:  # fmt: skip
-        """The record of the window that ends at ``step``; collective (averages the loss
-        over ranks). The caller logs it, then opens the next window."""
+               bytes_sent: int, skipped_steps: int, val: dict | None = None,
+               ) -> MetricsRecord:  # fmt: skip
+        """The record of the window that ends at ``step``, with an evaluation's fields
+        ``val`` at evaluation steps; collective (averages the loss over ranks). The caller
+        logs it, then opens the next window."""
         if self.runtime.distributed:
             loss = loss.clone()
             dist.all_reduce(loss)
@@ -191,7 +193,7 @@ class StepMeter:
             window_s=time.perf_counter() - self.window_start, window_steps=self.window_steps,
             world_size=self.runtime.world_size, flops_per_token=self.flops_per_token,
             peak_flops=self.peak_flops, peak_memory=peak_memory, data_wait_s=self.data_wait,
-            bytes_sent=bytes_sent, skipped_steps=skipped_steps, peak_tensors=tensors,
+            bytes_sent=bytes_sent, skipped_steps=skipped_steps, peak_tensors=tensors, val=val,
         )  # fmt: skip
         self.records.append(record)
         return record

@@ -1,7 +1,9 @@
 """One logged step's measurements: the record ``metrics.jsonl`` holds, one JSON object a line.
 
 The loop writes ``MetricsRecord``s; the run summary, the sweep and the benchmarks read them
-back through ``read_metrics``, so a field is named in one place.
+back through ``read_metrics``, so a field is named in one place. Records of evaluation steps
+also carry ``val_loss``, ``val_ppl``, ``val_tokens`` and, for a mixture, ``val_loss/NAME``
+per source; the other records leave them out.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import dataclasses
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from yatrain.common import dumps_json
+
+_VAL_SOURCE = "val_loss/"  # prefix of a mixture source's held-out loss in the JSON record
 
 
 @dataclass(frozen=True)
@@ -38,15 +42,20 @@ class MetricsRecord:
     # allocator's figure on GPU; on CPU the live-tensor tracker's, on the one step it
     # watched (None on other records).
     peak_tensor_bytes: int | None = None
+    val_loss: float | None = None  # held-out loss, at evaluation steps only
+    val_ppl: float | None = None  # exp(val_loss)
+    val_tokens: int | None = None  # predicted tokens the evaluation covered
+    val_sources: dict[str, float] = field(default_factory=dict)  # a mixture: loss per source
 
     @classmethod
     def measure(
         cls, *, step: int, loss: float, lr: float, grad_norm: float, tokens_per_step: int,
         window_s: float, window_steps: int, world_size: int, flops_per_token: float,
         peak_flops: float, peak_memory: int | None, data_wait_s: float, bytes_sent: int,
-        skipped_steps: int, peak_tensors: int | None = None,
+        skipped_steps: int, peak_tensors: int | None = None, val: dict | None = None,
     ) -> MetricsRecord:  # fmt: skip
-        """The record of a window of ``window_steps`` steps that took ``window_s`` seconds."""
+        """The record of a window of ``window_steps`` steps that took ``window_s`` seconds;
+        ``val``: an evaluation's fields (``Evaluation.record_fields``)."""
         tokens_per_s = window_steps * tokens_per_step / window_s
         per_device = tokens_per_s / world_size
         return cls(
@@ -65,10 +74,19 @@ class MetricsRecord:
             comm_bytes_sent=bytes_sent,
             skipped_steps=skipped_steps,
             peak_tensor_bytes=peak_tensors,
+            **(val or {}),
         )
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The JSON object: evaluation fields only at evaluation steps, a mixture's sources
+        flattened to ``val_loss/NAME``."""
+        data = dataclasses.asdict(self)
+        sources = data.pop("val_sources")
+        if self.val_loss is None:
+            for name in ("val_loss", "val_ppl", "val_tokens"):
+                del data[name]
+        data.update({f"{_VAL_SOURCE}{name}": loss for name, loss in sources.items()})
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> MetricsRecord:
@@ -76,6 +94,9 @@ class MetricsRecord:
         fields an older version did not write are None, and ``null`` floats (written for
         NaN and inf) read back as NaN."""
         values = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
+        values["val_sources"] = {
+            k.removeprefix(_VAL_SOURCE): v for k, v in data.items() if k.startswith(_VAL_SOURCE)
+        }
         for name in _FLOAT_FIELDS:
             if values[name] is None:
                 values[name] = math.nan

@@ -8,11 +8,36 @@ from yatrain.train.record import MetricsRecord, largest_peak_memory, steady_mean
 
 def log_line(r: MetricsRecord) -> str:
     return (
-        f"step {r.step:>6} | loss {r.loss:.4f} | lr {r.lr:.2e} | gnorm {r.grad_norm:.3f} | "
+        f"step {r.step:>6} | loss {r.loss:.4f}{val_text(r)} | lr {r.lr:.2e} | "
+        f"gnorm {r.grad_norm:.3f} | "
         f"{r.step_time_s:.3f}s/step | {r.tokens_per_s_per_device:,.0f} tok/s/dev | "
         f"{r.tflops_per_device:.2f} TFLOP/s | MFU {r.mfu:.1%} | "
         f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}"
     )
+
+
+def val_text(r: MetricsRecord) -> str:
+    """`` | val 3.2104 ppl 24.8 (web 3.1002, code 3.4020)`` at evaluation steps, else ''."""
+    if r.val_loss is None:
+        return ""
+    ppl = f"{r.val_ppl:.1f}" if r.val_ppl is not None else "inf"
+    sources = ", ".join(f"{name} {loss:.4f}" for name, loss in r.val_sources.items())
+    return f" | val {r.val_loss:.4f} ppl {ppl}" + (f" ({sources})" if sources else "")
+
+
+def val_summary(records: list[MetricsRecord]) -> dict:
+    """The last evaluation's figures for the run summary (nothing when none ran)."""
+    evaluated = [r for r in records if r.val_loss is not None]
+    if not evaluated:
+        return {}
+    last = evaluated[-1]
+    sources = {f"final_val_loss/{name}": loss for name, loss in last.val_sources.items()}
+    return {
+        "final_val_loss": last.val_loss,
+        "final_val_ppl": last.val_ppl,
+        "val_step": last.step,
+        **sources,
+    }
 
 
 SUMMARY_MEANS = ("step_time_s", "tokens_per_s_per_device", "mfu", "data_wait_frac")
@@ -32,6 +57,7 @@ def run_summary(
         "world_size": world_size,
         "first_loss": first.loss,
         "final_loss": last.loss,
+        **val_summary(records),
         "tokens_seen": last.tokens_seen,
         "wall_time_s": wall_s,
         **steady_means(steady, SUMMARY_MEANS),

@@ -1,10 +1,10 @@
 """Everything a run needs before its first step, built in data-flow order.
 
 ``setup`` reads as the list of what a run is made of: the fit check (will it fit this
-device, by the planner), its data, its directory (locked: one run at a time), the model and
-the engine that owns its weights, the optimizer, the point it resumes from, its loggers and
-its meter. It returns them as one ``Run``, which the loop steps. Everything that can refuse
-a run cheaply comes before anything is allocated or written.
+device, by the planner), its data (and held-out data), its directory (locked: one run at a
+time), the model and the engine that owns its weights, the optimizer, the point it resumes
+from, its loggers and its meter. It returns them as one ``Run``, which the loop steps.
+Everything that can refuse a run cheaply comes before anything is allocated or written.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from yatrain.models.llama import build_model
 from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
 from yatrain.sharding import InitHooks, ShardedEngine
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
+from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
@@ -56,6 +57,7 @@ class Run:
     checkpointer: Checkpointer
     loggers: Loggers
     meter: StepMeter
+    evaluator: Evaluator
     lock: RunDirLock | None
     watchdog: Watchdog
     start_step: int = 0
@@ -81,6 +83,9 @@ def setup(
     if checks.fit:
         check_fit(recipe, runtime.world_size, runtime.device, layers)
     loader = build_loader(recipe, runtime, loggers)
+    evaluator = build_evaluator(
+        recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
+    )
     run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
     check_fresh_start_allowed(run_dir, resume)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
@@ -100,6 +105,8 @@ def setup(
             f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
         )
         loggers.say(loader.describe(recipe.train.steps))
+        for line in [evaluator.schedule(), *evaluator.short_notices()] if evaluator.enabled else []:
+            loggers.say(line)
     except BaseException:
         watchdog.close()
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
@@ -107,7 +114,7 @@ def setup(
             lock.release()
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
-               meter, lock, watchdog, start_step, skipped)  # fmt: skip
+               meter, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
 
 
 def claim_run_dir(

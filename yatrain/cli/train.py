@@ -1,45 +1,21 @@
-"""The ``yatrain`` command line: thin wrappers that turn flags into library calls.
-
-User errors (``YatrainError``) and a full or read-only disk (``OSError`` ENOSPC, EDQUOT,
-EROFS, EACCES) become one line on stderr and exit code 2; ``--debug`` shows the traceback
-instead. Anything else is a bug and keeps its traceback.
-"""
+"""Training commands: ``yatrain pretrain``, ``plan`` and ``sweep``."""
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import signal
-import sys
 from pathlib import Path
 
 import typer
 
+from yatrain.cli.app import app
 from yatrain.common import GIB
 from yatrain.config import load_recipe
-from yatrain.data import prepare_data as run_prepare_data
-from yatrain.errors import ConfigError, Interrupted, YatrainError
+from yatrain.errors import ConfigError
 from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain as run_pretrain
 from yatrain.train.setup import Checks
-from yatrain.train.weights import export_hf
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Pretrain Llama-class models with a YaFSDP-style sharded data-parallel engine.",
-)
-
-
-@app.callback()
-def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
-) -> None:
-    """yatrain: prepare data, then pretrain a recipe on one process or under torchrun."""
 
 
 @app.command(
@@ -92,102 +68,6 @@ def pretrain(
         progress=progress,
         checks=Checks(fit=fit_check, verify=verify, tensor_step=tensor_peak_step),
     )
-
-
-@app.command(
-    "prepare-data",
-    epilog=(
-        "Examples:\n\n"
-        "  yatrain prepare-data --output data/stdlib --vocab-size 4096\n\n"
-        "  yatrain prepare-data --output data/mine --input corpus.jsonl.zst --input books/ "
-        "--tokenizer llama2/tokenizer.model\n\n"
-        "  yatrain prepare-data --output data/web --input shards/ --text-field content "
-        "--tokenizer Meta-Llama-3-8B/original/tokenizer.model"
-    ),
-)
-def prepare_data(
-    output: Path = typer.Option(..., "--output", help="New directory for the tokenized data."),
-    inputs: list[Path] = typer.Option(
-        [],
-        "--input",
-        help="Text, JSONL or parquet file (optionally .gz/.zst) or a directory of them, "
-        "repeatable (default: the stdlib corpus).",
-    ),
-    tokenizer: Path | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="Tokenizer to encode with: a sentencepiece model (Llama 2), Llama 3's tiktoken "
-        "tokenizer.model, or a Hugging Face tokenizer.json or model directory.",
-    ),
-    vocab_size: int | None = typer.Option(
-        None, "--vocab-size", min=2, help="Train a new BPE tokenizer of this size instead."
-    ),
-    text_field: str = typer.Option(
-        "text", "--text-field", help="JSONL field / parquet column holding the text."
-    ),
-    skip_bad_records: bool = typer.Option(
-        False,
-        "--skip-bad-records",
-        help="Skip and count unreadable records instead of stopping at the first one.",
-    ),
-    workers: int | None = typer.Option(
-        None, "--workers", min=1, help="Tokenizer processes (default: one per core)."
-    ),
-    bos_token: str | None = typer.Option(
-        None, "--bos-token", help="tokenizer.json only: the token (or id) that starts documents."
-    ),
-    eos_token: str | None = typer.Option(
-        None, "--eos-token", help="tokenizer.json only: the token (or id) that ends documents."
-    ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
-) -> None:
-    """Tokenize documents into checksummed shards (the default corpus needs no download)."""
-    manifest = run_prepare_data(
-        output,
-        inputs or None,
-        tokenizer=tokenizer,
-        vocab_size=vocab_size,
-        progress=progress,
-        text_field=text_field,
-        skip_bad_records=skip_bad_records,
-        workers=workers,
-        bos_token=bos_token,
-        eos_token=eos_token,
-    )
-    skipped = manifest["skipped_bad_records"]
-    typer.echo(
-        f"wrote {output}: {manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} "
-        f"documents, {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
-        + (f", {skipped:,} bad records skipped" if skipped else "")
-    )
-
-
-@app.command(
-    epilog=(
-        "Examples:\n\n"
-        "  yatrain export runs/tiny-20261202-101500/checkpoints/step-60 --output hf/tiny\n\n"
-        "  yatrain export CHECKPOINT --format hf --dtype bf16 --output hf/model"
-    )
-)
-def export(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint directory (RUN/checkpoints/step-N)."),
-    output: Path = typer.Option(..., "--output", help="New directory to write."),
-    format: str = typer.Option("hf", "--format", help="hf: a Hugging Face LlamaForCausalLM."),
-    dtype: str | None = typer.Option(
-        None, "--dtype", help="fp32 or bf16 (default: the training dtype)."
-    ),
-    verify: bool = typer.Option(
-        True, "--verify/--no-verify", help="Check the checkpoint's checksums first."
-    ),
-) -> None:
-    """Export a checkpoint's weights for other tools, one layer at a time."""
-    if format != "hf":
-        raise ConfigError(f"--format {format}: the only export format is hf")
-    if dtype not in (None, "fp32", "bf16"):
-        raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed export removes its partial output
-    export_hf(checkpoint, output, dtype, verify=verify)
-    typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
 
 
 @app.command(
@@ -292,37 +172,3 @@ def sweep(
     typer.echo(result.table)
     files = ", ".join(p.name for p in result.files)
     typer.echo(f"wrote {result.out_dir}: {files} | wandb {result.wandb_mode}", err=True)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-# What the machine's file system can refuse (not a bug): full, over quota, read-only, denied.
-_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-def main() -> None:
-    debug = "--debug" in sys.argv
-    try:
-        app(prog_name="yatrain")
-    except Interrupted as stopped:
-        print(f"yatrain: {stopped}", file=sys.stderr)
-        sys.exit(130)
-    except (YatrainError, OSError) as error:
-        if debug or (isinstance(error, OSError) and error.errno not in _DISK_ERRORS):
-            raise
-        rank = os.environ.get("RANK")
-        where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
-        print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("yatrain: interrupted", file=sys.stderr)
-        sys.exit(130)
-
-
-def _one_line(error: BaseException) -> str:
-    if isinstance(error, OSError):
-        where = f": {error.filename}" if error.filename else ""
-        return f"{error.strerror or error}{where}; free space or fix permissions, then rerun"
-    return str(error)

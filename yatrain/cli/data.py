@@ -1,0 +1,89 @@
+"""``yatrain prepare-data``: documents in, a tokenized data directory out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from yatrain.cli.app import app
+from yatrain.data import prepare_data as run_prepare_data
+from yatrain.data.split import DEFAULT_VAL_FRACTION
+
+
+@app.command(
+    "prepare-data",
+    epilog=(
+        "Examples:\n\n"
+        "  yatrain prepare-data --output data/stdlib --vocab-size 4096\n\n"
+        "  yatrain prepare-data --output data/mine --input corpus.jsonl.zst --input books/ "
+        "--tokenizer llama2/tokenizer.model\n\n"
+        "  yatrain prepare-data --output data/web --input shards/ --text-field content "
+        "--tokenizer Meta-Llama-3-8B/original/tokenizer.model"
+    ),
+)
+def prepare_data(
+    output: Path = typer.Option(..., "--output", help="New directory for the tokenized data."),
+    inputs: list[Path] = typer.Option(
+        [],
+        "--input",
+        help="Text, JSONL or parquet file (optionally .gz/.zst) or a directory of them, "
+        "repeatable (default: the stdlib corpus).",
+    ),
+    tokenizer: Path | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="Tokenizer to encode with: a sentencepiece model (Llama 2), Llama 3's tiktoken "
+        "tokenizer.model, or a Hugging Face tokenizer.json or model directory.",
+    ),
+    vocab_size: int | None = typer.Option(
+        None, "--vocab-size", min=2, help="Train a new BPE tokenizer of this size instead."
+    ),
+    text_field: str = typer.Option(
+        "text", "--text-field", help="JSONL field / parquet column holding the text."
+    ),
+    skip_bad_records: bool = typer.Option(
+        False,
+        "--skip-bad-records",
+        help="Skip and count unreadable records instead of stopping at the first one.",
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Tokenizer processes (default: one per core)."
+    ),
+    bos_token: str | None = typer.Option(
+        None, "--bos-token", help="tokenizer.json only: the token (or id) that starts documents."
+    ),
+    eos_token: str | None = typer.Option(
+        None, "--eos-token", help="tokenizer.json only: the token (or id) that ends documents."
+    ),
+    val_fraction: float = typer.Option(
+        DEFAULT_VAL_FRACTION, "--val-fraction", help="Share of documents held out for validation."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Tokenize documents into checksummed shards (the default corpus needs no download)."""
+    manifest = run_prepare_data(
+        output,
+        inputs or None,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        progress=progress,
+        text_field=text_field,
+        skip_bad_records=skip_bad_records,
+        workers=workers,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        val_fraction=val_fraction,
+    )
+    typer.echo(f"wrote {output}: {_summary(manifest)}")
+
+
+def _summary(manifest: dict) -> str:
+    skipped, val = manifest["skipped_bad_records"], manifest["validation"]
+    return (
+        f"{manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} documents"
+        + (f" (+ {val['num_tokens']:,} tokens, {val['num_documents']:,} documents held out)"
+           if val else ", no validation split")
+        + f", {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
+        + (f", {skipped:,} bad records skipped" if skipped else "")
+    )  # fmt: skip

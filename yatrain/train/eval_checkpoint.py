@@ -1,0 +1,124 @@
+"""``yatrain eval``: a checkpoint's held-out loss, computed the way its run computed it.
+
+The checkpoint is opened through ``manifest.open_checkpoint`` (the one validation path); the
+recipe stored in its manifest names the held-out data, the windows (``data.seq_len``,
+``data.global_batch_size``, ``eval.batches``) and the compute dtype; the model is sharded by
+the engine as in training, at whatever world size this runs at (one process or torchrun),
+and filled with the checkpoint's weights; and the run's own ``Evaluator`` runs once. So it
+reproduces the ``val_loss`` the run logged at that step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from yatrain.common import DTYPES
+from yatrain.config import Recipe, load_recipe, recipe_from_dict
+from yatrain.errors import ConfigError, DataError
+from yatrain.models.llama import build_model
+from yatrain.sharding import InitHooks, ShardedEngine
+from yatrain.train.checkpoint import checkpoint_tokenizer, dcp_mesh, load_weights
+from yatrain.train.evaluate import build_evaluator
+from yatrain.train.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
+from yatrain.train.runtime import Runtime, init_runtime
+
+_NO_INIT = InitHooks(lambda index: None, lambda: None)  # every weight is loaded afterwards
+
+
+def evaluate_checkpoint(
+    path: Path, *, data: Path | None = None, batches: int | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict:  # fmt: skip
+    """The held-out loss of the checkpoint at ``path`` on ``data`` (default: its recipe's
+    held-out data) over ``batches`` global batches (default: its recipe's eval.batches);
+    collective under torchrun, every rank returns the result. ``say`` gets progress lines
+    (rank 0)."""
+    runtime = init_runtime()
+    try:
+        saved = _open(Path(path), runtime)
+        recipe = saved_recipe(saved)
+        if batches is not None:
+            recipe = dataclasses.replace(
+                recipe, eval=dataclasses.replace(recipe.eval, batches=batches)
+            )
+        if data is None:
+            _check_recipe_data(recipe)
+        tokenizer = checkpoint_tokenizer(saved.path)
+        facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
+        evaluator = build_evaluator(recipe, runtime, facts, data_dir=data, force=True)
+        notes = [f"evaluating {saved.path} on {evaluator.describe()}", *evaluator.short_notices()]
+        for line in notes if runtime.is_main else []:
+            say(line)
+        model = build_model(saved.model)
+        engine = ShardedEngine.from_model(
+            model, device=runtime.device, init=_NO_INIT, param_dtype=DTYPES[recipe.train.dtype],
+            prefetch_depth=recipe.sharding.prefetch_depth,
+        )  # fmt: skip
+        load_weights(saved.path, engine, dcp_mesh(runtime))
+        result = evaluator.evaluate(model)
+        return {
+            "checkpoint": str(saved.path),
+            "step": saved.step,
+            **{k: v for k, v in result.record_fields().items() if k != "val_sources"},
+            **{f"val_loss/{name}": loss for name, loss in result.by_source.items()},
+            "val_windows": result.windows,
+            "seq_len": recipe.data.seq_len,
+            "data": [part.held.describe() for part in evaluator.parts],
+            "dtype": recipe.train.dtype,
+            "world_size": runtime.world_size,
+            "seconds": result.seconds,
+        }
+    finally:
+        runtime.shutdown()
+
+
+def _open(path: Path, runtime: Runtime) -> SavedCheckpoint:
+    """Rank 0 validates the checkpoint; every rank gets the same answer or error."""
+    answer: object = None
+    if runtime.is_main:
+        try:
+            answer = open_checkpoint(path)
+        except CheckpointError as error:
+            answer = str(error)
+    answer = runtime.broadcast_object(answer)
+    if isinstance(answer, str):
+        raise CheckpointError(answer)
+    return answer
+
+
+def _check_recipe_data(recipe: Recipe) -> None:
+    data = recipe.data
+    paths = [data.val_path] if data.val_path is not None else [data.path]
+    if data.val_path is None and data.sources is not None:
+        paths = [source.path for source in data.sources]
+    for path in paths:
+        if not Path(path).is_dir():
+            raise DataError(
+                f"the checkpoint's recipe evaluates on {path}, which is not here (relative paths "
+                "are relative to where the run started): run from there, or pass --data DIR"
+            )
+
+
+def saved_recipe(saved: SavedCheckpoint) -> Recipe:
+    """The recipe the checkpoint's run trained with: stored in its manifest, or (older
+    checkpoints) the run directory's config.yaml when its hash is the manifest's."""
+    stored = saved.manifest.get("recipe")
+    if isinstance(stored, dict):
+        try:
+            return recipe_from_dict(stored)
+        except ConfigError as error:
+            raise CheckpointError(
+                f"checkpoint {saved.path}: its stored recipe is not valid here ({error})"
+            ) from None
+    want = saved.manifest.get("recipe_sha256")
+    for folder in saved.path.resolve().parents:
+        config = folder / "config.yaml"
+        if config.is_file() and hashlib.sha256(config.read_bytes()).hexdigest() == want:
+            return load_recipe(config)
+    raise CheckpointError(
+        f"checkpoint {saved.path} records no recipe and no config.yaml of its run matches it: "
+        "it was saved by an older yatrain; evaluate a newer checkpoint"
+    )
