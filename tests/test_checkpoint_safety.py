@@ -21,6 +21,8 @@ from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
 from yatrain.train import checkpoint as ckpt
 from yatrain.train.checksum import HASH, HashingStream, hash_file
+from yatrain.train.eval_checkpoint import evaluate_checkpoint
+from yatrain.train.generation import generate_text
 from yatrain.train.loop import pretrain
 from yatrain.train.manifest import MANIFEST, CheckpointError, CorruptCheckpoint, open_checkpoint
 from yatrain.train.optim import build_optimizer
@@ -96,6 +98,8 @@ def test_crafted_metadata_is_refused_by_every_command_that_loads(saved, small_da
         "load without open_checkpoint": lambda: ckpt.load_checkpoint(
             checkpoint, engine, optimizer, None
         ),
+        "eval": lambda: evaluate_checkpoint(checkpoint, data=small_data),
+        "generate": lambda: generate_text(checkpoint, "def ", max_new_tokens=2),
     }
     for name, attempt in attempts.items():
         with pytest.raises(CheckpointError, match="could run code") as error:
