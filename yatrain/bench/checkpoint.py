@@ -9,23 +9,26 @@ One process (world size 1), fp32 master weights plus AdamW moments, the same cod
 training loop uses (`yatrain.train.checkpoint`). Prints median seconds over --repeats: the
 save; DCP's write with XXH3-64 of every file computed as it is written beside a plain DCP
 write of the same state, interleaved (which goes first alternates); the checksum
-verification before a load; the load.
+verification before a load; the load; and the hash's own cost per GiB.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 import statistics
 import tempfile
 import time
 import warnings
+import zlib
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import xxhash
 
 from yatrain.common import format_bytes
 from yatrain.config import load_recipe
@@ -89,6 +92,21 @@ def _timed_write(engine, optimizer, folder: Path, hashing: bool) -> float:
     return seconds
 
 
+def hash_cost(size: int = 256 * 2**20, trials: int = 5) -> dict[str, float]:
+    """Seconds per GiB of XXH3-64 (what checkpoints use) and zlib's CRC32, best of trials."""
+    data = memoryview(os.urandom(size))
+    costs = {}
+    for name, fn in (("XXH3-64", lambda: xxhash.xxh3_64(data).digest()),
+                     ("CRC32", lambda: zlib.crc32(data))):  # fmt: skip
+        best = float("inf")
+        for _ in range(trials):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        costs[name] = best * 2**30 / size
+    return costs
+
+
 def report(args, cfg, size, saves, hashed, plain, verifies, loads) -> None:
     params = count_parameters(cfg.model)
     gib = size / 2**30
@@ -105,6 +123,9 @@ def report(args, cfg, size, saves, hashed, plain, verifies, loads) -> None:
             f"{pick(plain):.2f} s plain ({pick(hashed) / pick(plain):.2f}x)"
         )
     print(f"verify: {median(verifies):.2f} s ({median(verifies) / gib:.3f} s/GiB, warm cache)")
+    print("hash alone, one core, in memory: " + ", ".join(
+        f"{name} {seconds:.3f} s/GiB" for name, seconds in hash_cost().items()
+    ))  # fmt: skip
     print(f"load: {median(loads):.2f} s median of {args.repeats} (checksums not included)")
 
 
