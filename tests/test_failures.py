@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import FAST, ROOT
 from faults import DIE, DISK_FULL, HANG, at_step, inject
 
 from yatrain.data.shards import TokenShards
 from yatrain.errors import DataError
+from yatrain.train.failures import explain
 from yatrain.train.rundir import default_run_dir
 
 
@@ -187,3 +189,15 @@ def test_a_lost_or_hung_peer_ends_rank_0_with_one_line(
     assert "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("yatrain: error (rank 0)")]
     assert len(errors) == 1 and needle in errors[0], err[-3000:]
+
+
+def test_machine_failures_are_explained_and_bugs_are_not():
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+                       "memory: you tried to allocate 68719476736 bytes.")  # fmt: skip
+    for error in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB"), cpu):
+        explained = explain(error, "at step 3")
+        assert explained is not None and str(explained).startswith("out of memory at step 3")
+        assert "\n" not in str(explained)
+    assert explain(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "at step 3") is None
+    # without a process group nothing is a lost peer
+    assert explain(RuntimeError("Connection reset by peer"), "at step 3") is None
