@@ -106,23 +106,24 @@ def test_crash_during_save_keeps_previous_checkpoint(
     small_data, uninterrupted, tmp_path, monkeypatch
 ):
     run_dir = tmp_path / "run"
-    real_save = ckpt.dcp.save
+    real_save = ckpt.save_state
 
-    def dies_after_writing(state, checkpoint_id):
-        real_save(state, checkpoint_id=checkpoint_id)
-        if checkpoint_id.endswith("step-4"):
+    def dies_after_writing(state, path):
+        records = real_save(state, path)
+        if path.name.endswith("step-4"):
             raise KeyboardInterrupt("killed while saving")  # before manifest and rename
+        return records
 
-    monkeypatch.setattr(ckpt.dcp, "save", dies_after_writing)
+    monkeypatch.setattr(ckpt, "save_state", dies_after_writing)
     with pytest.raises(KeyboardInterrupt):
         train(small_data, run_dir, 8)
-    monkeypatch.setattr(ckpt.dcp, "save", real_save)
+    monkeypatch.setattr(ckpt, "save_state", real_save)
     root = run_dir / "checkpoints"
     assert (root / ".tmp-step-4").exists() and not (root / "step-4").exists()
     assert ckpt.complete_checkpoints(root) == [root / "step-2"]
     train(small_data, run_dir, 8)
     assert losses(run_dir) == uninterrupted
-    assert not (root / ".tmp-step-4").exists()  # cleaned up by the next save
+    assert not (root / ".tmp-step-4").exists()  # removed when the next run started
 
 
 @pytest.mark.parametrize("damage", ["truncated", "checksum mismatch"])

@@ -1,4 +1,5 @@
-"""The small vocabulary every layer shares: dtype names and byte sizes, and how sizes print.
+"""The small vocabulary every layer shares: dtype names and byte sizes, how sizes print, and
+strict JSON.
 
 A recipe names dtypes as ``"bf16"`` / ``"fp32"``; the loop, the planner, export and the
 benchmarks all turn those names into torch dtypes and byte counts here, so a third dtype
@@ -6,6 +7,10 @@ would be added in one place.
 """
 
 from __future__ import annotations
+
+import json
+import math
+from typing import Any
 
 import torch
 
@@ -32,3 +37,20 @@ def format_bytes(
         unit = next((name for name, scale in _UNITS.items() if abs(n) >= scale), "B")
     number = f"{n:.0f}" if unit == "B" else f"{n / _UNITS[unit]:.{digits}f}"
     return f"{number} {unit}" if suffix else number
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, inf) replaced by None, recursively: JSON
+    has no NaN, and a file we write must parse with any strict JSON reader."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def dumps_json(value: Any, **options: Any) -> str:
+    """Strict JSON text (``null`` for non-finite numbers, never a bare ``NaN``)."""
+    return json.dumps(json_safe(value), allow_nan=False, **options)

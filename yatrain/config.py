@@ -20,9 +20,7 @@ from yatrain.errors import ConfigError
 from yatrain.schema import build_dataclass
 from yatrain.schema import limit as _limit
 
-# Tokens per chunk of the fused output head + cross-entropy (``train.loss_chunk_tokens``):
-# 512 tokens x a 128K vocabulary is 0.37 GiB of logits in flight in a bf16 run.
-LOSS_CHUNK_TOKENS = 512
+LOSS_CHUNK_TOKENS = 512  # train.loss_chunk_tokens: 0.37 GiB of bf16-run logits at 128K vocab
 
 # ----------------------------------------------------------------------------- schema
 
@@ -31,12 +29,14 @@ LOSS_CHUNK_TOKENS = 512
 class ModelConfig:
     """Architecture of a Llama 2/3 decoder."""
 
-    dim: int = _limit(ge=1)
-    n_layers: int = _limit(ge=1)
-    n_heads: int = _limit(ge=1)
-    n_kv_heads: int = _limit(ge=1)  # < n_heads means grouped-query attention
-    ffn_dim: int = _limit(ge=1)
-    vocab_size: int = _limit(ge=1)
+    # Upper bounds: shapes no device holds fail here, not in the allocator (the largest
+    # Llama, 405B, has dim 16384, 126 layers, ffn 53248, vocab 128256).
+    dim: int = _limit(ge=1, le=2**17)
+    n_layers: int = _limit(ge=1, le=2**11)
+    n_heads: int = _limit(ge=1, le=2**12)
+    n_kv_heads: int = _limit(ge=1, le=2**12)  # < n_heads means grouped-query attention
+    ffn_dim: int = _limit(ge=1, le=2**20)
+    vocab_size: int = _limit(ge=1, le=2**24)
     rope_theta: float = _limit(10000.0, gt=0)
     norm_eps: float = _limit(1e-5, gt=0)
     max_seq_len: int = _limit(ge=1)
@@ -92,12 +92,13 @@ class TrainConfig:
     # Start from these weights instead of random init: a Hugging Face Llama directory or a
     # yatrain checkpoint (weights only; optimizer and data position start fresh).
     init_from: str | None = None
-    # Tokens per chunk of the fused output head + cross-entropy: logits exist for one chunk
-    # at a time (fp32: 4 bytes x chunk x vocabulary), never for the whole micro-batch.
+    # Tokens per chunk of the fused output head + loss: logits of one chunk at a time.
     loss_chunk_tokens: int = _limit(LOSS_CHUNK_TOKENS, ge=1)
-    # Trace this many steps (after the run's first two) with torch.profiler into
-    # RUN_DIR/profile/ (on GPUs also a CUDA memory snapshot); 0 = off.
+    # Trace N steps (after 2) with torch.profiler into RUN_DIR/profile/; 0 = off.
     profile: int = _limit(0, ge=0)
+    # Under torchrun: a step (or a save) stuck this long in a collective (a rank hung or
+    # died) ends the run with one line naming the step and the rank, instead of hanging.
+    collective_timeout_s: float = _limit(600.0, gt=0)
 
 
 @dataclass(kw_only=True)
@@ -123,9 +124,8 @@ class ShardingConfig:
     prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
     gpu_memory_gib: float | None = _limit(None, gt=0)
-    # One process normally computes straight from its shard. true: use a one-rank process
-    # group and every buffer, gather and reduce-scatter as with many ranks (checks the real
-    # path on one GPU; same results, slower).
+    # true: one process also runs the multi-rank path in a one-rank group (checks it on one
+    # GPU; same results as its direct path, slower).
     force_process_group: bool = False
 
 

@@ -24,9 +24,11 @@ def limit(
     ge: float | None = None,
     gt: float | None = None,
     lt: float | None = None,
+    le: float | None = None,
 ) -> Any:
-    """A dataclass field with range bounds that validation enforces (ge: >=, gt: >, lt: <)."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "lt": lt})
+    """A dataclass field with range bounds that validation enforces (ge: >=, gt: >, lt: <,
+    le: <=). Upper bounds keep absurd values (a million layers) out of the allocator."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "lt": lt, "le": le})
 
 
 def build_dataclass(cls: type, d: Any, prefix: str = "") -> Any:
@@ -136,7 +138,7 @@ def _coerce(key: str, v: Any, tp: Any) -> Any:
 def _check_range(key: str, v: Any, meta: Any) -> None:
     if v is None or isinstance(v, str):  # ranges bound numbers only ("auto" has none)
         return
-    ge, gt, lt = meta.get("ge"), meta.get("gt"), meta.get("lt")
+    ge, gt, lt, le = meta.get("ge"), meta.get("gt"), meta.get("lt"), meta.get("le")
     if ge is not None and v < ge:
         bound = {0: "non-negative", 1: "positive"}.get(ge, f"at least {ge}")
         raise ConfigError(f"'{key}' must be {bound}, got {v}; set it to {ge} or more")
@@ -145,3 +147,8 @@ def _check_range(key: str, v: Any, meta: Any) -> None:
         raise ConfigError(f"'{key}' must be {bound}, got {v}; use a value above {gt}")
     if lt is not None and v >= lt:
         raise ConfigError(f"'{key}' must be less than {lt}, got {v}; use a value below {lt}")
+    if le is not None and v > le:
+        raise ConfigError(
+            f"'{key}' must be at most {le:,}, got {v:,}: far beyond any model that fits on "
+            "today's hardware; check the value"
+        )

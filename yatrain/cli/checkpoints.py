@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import typer
@@ -30,14 +31,22 @@ def export(
     dtype: str | None = typer.Option(
         None, "--dtype", help="fp32 or bf16 (default: the training dtype)."
     ),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Check the checkpoint's checksums first."
+    ),
 ) -> None:
     """Export a checkpoint's weights for other tools, one layer at a time."""
     if format != "hf":
         raise ConfigError(f"--format {format}: the only export format is hf")
     if dtype not in (None, "fp32", "bf16"):
         raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
-    export_hf(checkpoint, output, dtype)
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed export removes its partial output
+    export_hf(checkpoint, output, dtype, verify=verify)
     typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _main_rank() -> bool:

@@ -15,6 +15,7 @@ from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain as run_pretrain
+from yatrain.train.setup import Checks
 
 
 @app.command(
@@ -41,6 +42,20 @@ def pretrain(
         "never: refuse to reuse a run dir; PATH: that checkpoint directory.",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    fit_check: bool = typer.Option(
+        True,
+        "--fit-check/--no-fit-check",
+        help="Refuse a run the memory planner says will not fit this device (default on).",
+    ),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Check checkpoint checksums before loading one."
+    ),
+    tensor_peak_step: int | None = typer.Option(
+        None,
+        "--tensor-peak-step",
+        min=1,
+        help="On CPU, count live tensors during this step (slower) and log peak_tensor_bytes.",
+    ),
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
     loaded = load_recipe(recipe, overrides)
@@ -51,6 +66,7 @@ def pretrain(
         steps=steps,
         resume=resume,
         progress=progress,
+        checks=Checks(fit=fit_check, verify=verify, tensor_step=tensor_peak_step),
     )
 
 

@@ -138,11 +138,15 @@ class TokenShards:
                 )
             if verify_checksums and file_sha256(file) != entry["sha256"]:
                 raise DataError(f"token file {file} fails its sha256 check (corrupted): {fix}")
-            arrays.append(np.memmap(file, dtype=dtype, mode="r"))
+            array = np.memmap(file, dtype=dtype, mode="r")
+            if verify_checksums:  # read anyway: every id checked now, the rest on each read
+                _check_ids(array, manifest["vocab_size"], f"token file {file}", fix)
+            arrays.append(array)
         return cls(path, manifest, arrays, split)
 
     def read(self, start: int, length: int) -> np.ndarray:
-        """Tokens ``[start, start + length)`` of the whole stream as int64, across files."""
+        """Tokens ``[start, start + length)`` of the whole stream as int64, across files;
+        DataError for an id outside the manifest's vocabulary."""
         if start < 0 or length < 0 or start + length > self.num_tokens:
             raise IndexError(f"read({start}, {length}) outside [0, {self.num_tokens})")
         out = np.empty(length, dtype=np.int64)
@@ -154,6 +158,8 @@ class TokenShards:
             out[done : done + take] = self._arrays[i][local : local + take]
             done += take
             i += 1
+        fix = f"re-run `yatrain prepare-data` into a new directory to rebuild {self.path}"
+        _check_ids(out, self.vocab_size, f"{self.path} at token {start:,}", fix)
         return out
 
     def __repr__(self) -> str:
@@ -174,6 +180,15 @@ def has_validation(manifest: dict) -> bool:
     """Was a validation split written (prepared with a positive ``--val-fraction`` that held
     out at least one document)?"""
     return manifest.get("validation") is not None
+
+
+def _check_ids(tokens: np.ndarray, vocab_size: int, where: str, fix: str) -> None:
+    """Every id below the manifest's vocabulary (else the embedding lookup would fail)."""
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        raise DataError(
+            f"{where} holds token id {int(tokens.max())}, outside the vocabulary of "
+            f"{vocab_size} its manifest declares (corrupted or mixed data): {fix}"
+        )
 
 
 def _load_manifest(file: Path) -> dict:

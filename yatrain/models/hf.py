@@ -3,6 +3,12 @@
 Our attention uses Meta's rotary convention (rotate adjacent pairs); Hugging Face's rotates
 the two halves of each head. The same model therefore stores ``wq``/``wk`` with each head's
 rows permuted: ``to_hf`` applies that permutation, ``from_hf`` undoes it.
+
+Reading a ``config.json`` we cannot honour is refused, never approximated: rotary scaling
+(``rope_scaling``, Llama 3.1's long context) would change every attention score, biases
+and other activations are not in our model. Tied embeddings (Llama 3.2 1B/3B) are
+honoured: the output head starts as a copy of the embedding (``tied_embeddings``) and the
+two train separately from then on.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import torch
 
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
+from yatrain.errors import ConfigError
+from yatrain.schema import build_dataclass
 
 _LAYER = {
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -87,17 +95,55 @@ def hf_config(cfg: ModelConfig, dtype: str, bos_id: int, eos_id: int) -> dict:
     }
 
 
+def tied_embeddings(config: dict) -> bool:
+    """Whether the model's output head is its embedding (``tie_word_embeddings``)."""
+    return config.get("tie_word_embeddings") is True
+
+
+def unsupported(config: dict) -> str | None:
+    """What in a Llama ``config.json`` this model cannot reproduce, or None."""
+    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")
+    scaling = config.get("rope_scaling")
+    if scaling or rope_type not in (None, "default"):
+        kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or rope_type
+        return f"rotary scaling (rope_type {kind!r}), which yatrain's rotary embedding lacks"
+    checks = [
+        (config.get("model_type", "llama") != "llama",
+         f"model_type {config.get('model_type')!r} (only llama is read)"),
+        (config.get("hidden_act", "silu") != "silu", f"hidden_act {config.get('hidden_act')!r}"),
+        (config.get("attention_bias") or config.get("mlp_bias"), "bias terms"),
+    ]  # fmt: skip
+    return next((why for failed, why in checks if failed), None)
+
+
+_REQUIRED_INTS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+)  # fmt: skip
+
+
 def model_config_from_hf(config: dict) -> ModelConfig:
-    """The architecture a Hugging Face Llama ``config.json`` describes."""
-    theta = config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 1e4)
-    return ModelConfig(
-        dim=config["hidden_size"],
-        n_layers=config["num_hidden_layers"],
-        n_heads=config["num_attention_heads"],
-        n_kv_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
-        ffn_dim=config["intermediate_size"],
-        vocab_size=config["vocab_size"],
-        rope_theta=float(theta),
-        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        max_seq_len=config.get("max_position_embeddings", 4096),
-    )
+    """The architecture a Hugging Face Llama ``config.json`` describes; ConfigError for a
+    missing or mistyped field."""
+    if not isinstance(config, dict):
+        raise ConfigError("config.json is not a JSON object")
+    for key in _REQUIRED_INTS:
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"config.json: {key} is {value!r}, not a whole number")
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
+    fields = {
+        "dim": config.get("hidden_size"),
+        "n_layers": config.get("num_hidden_layers"),
+        "n_heads": config.get("num_attention_heads"),
+        "n_kv_heads": config.get("num_key_value_heads", config.get("num_attention_heads")),
+        "ffn_dim": config.get("intermediate_size"),
+        "vocab_size": config.get("vocab_size"),
+        "rope_theta": 1e4 if theta is None else theta,
+        "norm_eps": config.get("rms_norm_eps", 1e-5),
+        "max_seq_len": config.get("max_position_embeddings", 4096),
+    }
+    cfg = build_dataclass(ModelConfig, {k: v for k, v in fields.items() if v is not None})
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim != cfg.head_dim:
+        raise ConfigError(f"head_dim {head_dim} is not hidden_size / num_attention_heads")
+    return cfg

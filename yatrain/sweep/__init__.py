@@ -72,7 +72,7 @@ def run_sweep(
     }  # fmt: skip
     tables = write_tables(rows, out_dir, meta)
     plots = draw_plots(rows, out_dir, recipe.stem, memory_note(nproc_per_node))
-    mode = log_to_wandb(base.logging.wandb, out_dir, rows, plots, meta)
+    mode = log_to_wandb(base.logging.wandb, out_dir, rows, plots, meta, say=echo)
     return SweepResult(out_dir, rows, [*tables, *plots], mode)
 
 

@@ -1,4 +1,6 @@
-"""A sweep's plots: throughput and peak memory against sequence length."""
+"""A sweep's plots: throughput and the tensor peak (measured and planned) against sequence
+length. The measured line is live tensors, as the planner predicts, never the process's
+resident memory."""
 
 from __future__ import annotations
 
@@ -22,11 +24,19 @@ def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
             ax.plot([r["seq_len"] for r in ok], [r["tokens_per_s_per_device"] for r in ok],
                     "o-", color=color, label=label)  # fmt: skip
             continue
-        seen = [r for r in ok if r.get("peak_memory_bytes") is not None]
-        ax.plot([r["seq_len"] for r in seen], [r["peak_memory_bytes"] / scale for r in seen],
+        seen = [r for r in ok if r.get("peak_tensor_bytes") is not None]  # like with like
+        ax.plot([r["seq_len"] for r in seen], [r["peak_tensor_bytes"] / scale for r in seen],
                 "o-", color=color, label=f"{label}: measured")  # fmt: skip
-        ax.plot([r["seq_len"] for r in mine], [r["predicted_peak_bytes"] / scale for r in mine],
-                "--", color=color, alpha=0.7, label=f"{label}: planner")  # fmt: skip
+        ax.plot(
+            [r["seq_len"] for r in mine],
+            [r["predicted_peak_bytes"] / scale for r in mine],
+            "s--",
+            color=color,
+            alpha=0.7,
+            markersize=10,
+            markerfacecolor="none",
+            label=f"{label}: planner",
+        )  # fmt: skip (hollow: visible on a measured point)
         if oom:
             ax.plot([r["seq_len"] for r in oom], [r["predicted_peak_bytes"] / scale for r in oom],
                     "x", color="red", markersize=10, label=f"{label}: OOM")  # fmt: skip
@@ -34,13 +44,14 @@ def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
     ax.set_xticks(sorted({r["seq_len"] for r in rows}))
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("tokens/s per device" if kind == "throughput" else f"peak memory ({unit})")
+    ax.set_ylabel("tokens/s per device" if kind == "throughput" else f"tensor peak ({unit})")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
 
 
 def draw_plots(rows: list[dict], out_dir: Path, title: str, note: str = "") -> list[Path]:
-    """``throughput.png`` and ``memory.png`` (measured solid, planner dashed, OOM as x), and
+    """``throughput.png`` and ``memory.png`` (measured solid, planner dashed with hollow
+    squares, OOM as x), and
     both side by side in ``sweep.png``; ``note`` goes under the figures."""
     import matplotlib  # optional at import time: only a sweep that plots needs it
 

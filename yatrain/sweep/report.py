@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import csv
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from yatrain.common import GIB, format_bytes
+from yatrain.common import GIB, dumps_json, format_bytes
 from yatrain.config import WandbConfig
 from yatrain.train.wandb_logger import WandbLogger
 
 COLUMNS = [
     "name", "seq_len", "checkpoint", "activation_checkpoint_layers", "global_batch_size",
     "micro_batch_size", "status", "tokens_per_s_per_device", "tflops_per_device", "mfu",
-    "step_time_s", "peak_memory_bytes", "predicted_peak_bytes", "measured_steps", "error",
+    "step_time_s", "peak_tensor_bytes", "predicted_peak_bytes", "peak_memory_bytes",
+    "measured_steps", "error",
 ]  # fmt: skip
 
 
@@ -25,22 +26,24 @@ def describe(row: dict) -> str:
         return f"{row['status'].upper()}: {row['error']}"
     return (
         f"{row['tokens_per_s_per_device']:,.0f} tok/s/device, MFU {row['mfu']:.1%}, "
-        f"peak {format_bytes(row['peak_memory_bytes'])} "
-        f"(planned {format_bytes(row['predicted_peak_bytes'])})"
+        f"tensor peak {format_bytes(row.get('peak_tensor_bytes'))} "
+        f"(planned {format_bytes(row['predicted_peak_bytes'])}), "
+        f"process peak {format_bytes(row['peak_memory_bytes'])}"
     )
 
 
 def size_unit(rows: list[dict]) -> str:
     """GiB when any measured or planned peak reaches one, else MiB (tiny models on a CPU)."""
-    sizes = [r.get(k) or 0 for r in rows for k in ("peak_memory_bytes", "predicted_peak_bytes")]
+    keys = ("peak_tensor_bytes", "predicted_peak_bytes")  # what the memory plot shows
+    sizes = [r.get(k) or 0 for r in rows for k in keys]
     return "GiB" if max(sizes, default=0) >= GIB else "MiB"
 
 
 def format_table(rows: list[dict]) -> str:
     """A plain-text table, one row per configuration."""
     unit = size_unit(rows)
-    head = ["config", "seq", "ckpt", "tok/s/dev", "TFLOP/s", "MFU", "step s", f"peak {unit}",
-            f"plan {unit}", "status"]  # fmt: skip
+    head = ["config", "seq", "ckpt", "tok/s/dev", "TFLOP/s", "MFU", "step s",
+            f"tensors {unit}", f"plan {unit}", f"process {unit}", "status"]  # fmt: skip
     body = []
     for r in rows:
         ok = r["status"] == "ok"
@@ -51,8 +54,9 @@ def format_table(rows: list[dict]) -> str:
             f"{r['tflops_per_device']:.3g}" if ok else "-",
             f"{r['mfu']:.1%}" if ok else "-",
             f"{r['step_time_s']:.3f}" if ok else "-",
-            format_bytes(r.get("peak_memory_bytes"), unit, suffix=False) if ok else "-",
+            format_bytes(r.get("peak_tensor_bytes"), unit, suffix=False) if ok else "-",
             format_bytes(r["predicted_peak_bytes"], unit, suffix=False),
+            format_bytes(r.get("peak_memory_bytes"), unit, suffix=False) if ok else "-",
             r["status"] if ok else r["status"].upper(),
         ])  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
@@ -70,26 +74,27 @@ def write_tables(rows: list[dict], out_dir: Path, meta: dict) -> tuple[Path, Pat
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    json_path.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    json_path.write_text(dumps_json({**meta, "rows": rows}, indent=2) + "\n")
     return csv_path, json_path
 
 
 def memory_note(nproc: int) -> str:
-    """How to read measured against planned memory on this machine."""
+    """How to read measured against planned memory on this machine (like with like: live
+    tensors both)."""
     ranks = f", per rank of {nproc}" if nproc > 1 else ""
     if torch.cuda.is_available():
-        return f"measured: CUDA max_memory_allocated{ranks}; planner: tensor peak, no allowance"
-    return (
-        f"measured: process high-water mark (VmHWM, interpreter and libraries included){ranks}; "
-        "planner: tensors only"
-    )
+        measured = "CUDA max_memory_allocated"
+    else:
+        measured = "live-tensor tracker on one warm-up step"
+    return f"measured: tensor peak ({measured}{ranks}); planner: tensor peak, no allowance"
 
 
 def log_to_wandb(
-    wandb_cfg: WandbConfig, out_dir: Path, rows: list[dict], plots: list[Path], meta: dict
-) -> str:
+    wandb_cfg: WandbConfig, out_dir: Path, rows: list[dict], plots: list[Path], meta: dict,
+    say: Callable[[str], None] = print,
+) -> str:  # fmt: skip
     """The table and plots as one W&B run; returns the mode it ran in."""
-    logger = WandbLogger(wandb_cfg, out_dir, meta, out_dir.name)
+    logger = WandbLogger(wandb_cfg, out_dir, meta, out_dir.name, say=say)
     if logger.run is None:
         return logger.mode
     import wandb  # optional at import time: only a sweep that logs needs it

@@ -16,24 +16,35 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
 from yatrain.sweep.configs import SweepConfig
 from yatrain.sweep.report import describe
-from yatrain.train.record import largest_peak_memory, read_metrics, steady_means
+from yatrain.train.record import (
+    largest_peak_memory,
+    largest_tensor_peak,
+    read_metrics,
+    steady_means,
+)
 
 MEASURED = ("tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s")
 
 
-def config_command(recipe_path: Path, config: SweepConfig, run_dir: Path, nproc: int) -> list[str]:
-    """The command line that runs one configuration."""
+def config_command(
+    recipe_path: Path, config: SweepConfig, run_dir: Path, nproc: int, warmup: int = 2
+) -> list[str]:
+    """The command line that runs one configuration. On CPU its live tensors are counted
+    during a warm-up step (``--tensor-peak-step``: that step runs slower, and its figures
+    are left out), the second one at the earliest: the first creates the AdamW state."""
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         launcher += ["--nproc-per-node", str(nproc), "-m", "yatrain"]
     else:
         launcher = [sys.executable, "-m", "yatrain"]
     sets = [f"--set={s}" for s in config.overrides]
+    watched = max(2, warmup)
     return [*launcher, "pretrain", str(recipe_path), *sets, "--run-dir", str(run_dir),
-            "--no-progress"]  # fmt: skip
+            f"--tensor-peak-step={watched}", "--no-progress"]  # fmt: skip
 
 
 def launch(command: list[str], log_path: Path) -> tuple[int, str]:
@@ -57,12 +68,14 @@ def classify_failure(code: int, output: str) -> tuple[str, str]:
 
 def summarize_metrics(metrics_path: Path, warmup: int) -> dict:
     """Means over the logged steps after ``warmup``, and the largest peak memory among them."""
-    steady = [r for r in read_metrics(metrics_path) if r.step > warmup]
+    records = read_metrics(metrics_path)
+    steady = [r for r in records if r.step > warmup]
     if not steady:
         raise ConfigError(f"{metrics_path}: no logged step after the {warmup} warm-up steps")
     return {
         **steady_means(steady, MEASURED),
         "peak_memory_bytes": largest_peak_memory(steady),
+        "peak_tensor_bytes": largest_tensor_peak(records),  # a warm-up step on CPU
         "measured_steps": len(steady),
     }
 
@@ -76,7 +89,7 @@ def run_config(
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     code, output = launch(
-        config_command(recipe_path, config, run_dir, nproc), run_dir / "output.log"
+        config_command(recipe_path, config, run_dir, nproc, warmup), run_dir / "output.log"
     )
     row = {
         "name": config.name, "seq_len": config.seq_len, "checkpoint": config.checkpoint,
@@ -132,7 +145,7 @@ def run_configs(
         echo(f"{tag}: running ({config.layers} checkpointed layers)")
         row = run_config(recipe_path, config, out_dir, nproc, warmup)
         with (out_dir / "results.jsonl").open("a") as results:
-            results.write(json.dumps({"overrides": config.overrides, "row": row}) + "\n")
+            results.write(dumps_json({"overrides": config.overrides, "row": row}) + "\n")
         echo(f"{tag}: {describe(row)}")
         rows.append(row)
     return rows

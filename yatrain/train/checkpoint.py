@@ -1,50 +1,51 @@
-"""Sharded, atomic, reshardable checkpoints through ``torch.distributed.checkpoint``.
+"""Sharded, atomic, reshardable, checksummed checkpoints through ``torch.distributed.checkpoint``.
 
 What is saved is the engine's own view of its state (``ShardedEngine.sharded_state``): the
 fp32 master weights and AdamW moments as flat tensors under the engine's names, each rank
 contributing its contiguous slice with its global offset. DCP records those offsets, so a
-checkpoint loads at any world size, or in a single process with no process group at all
-(export, ``init_from``). No rank ever holds the full model.
+checkpoint loads at any world size, or in a single process (export, ``init_from``). No rank
+ever holds the full model. Every DCP call goes through ``dcp_io``: each rank hashes its own
+files as it writes them, and reading never unpickles anything but DCP's metadata.
 
 A checkpoint is written to ``.tmp-step-N`` and renamed to ``step-N`` only after every rank
 has finished and the manifest (sizes, checksums, model shape, loader position) is complete,
-so a crash mid-save leaves the previous checkpoint intact. Discovery ignores anything that
-is not a complete ``step-N`` directory; ``manifest.open_checkpoint`` is the one validation
-path for resume, export and ``init_from``. ``Checkpointer`` is a run's view of all this:
-when to save (``due``), what goes in, where to resume from.
+so a crash or a full disk mid-save leaves the previous checkpoints intact (a failed save
+removes its ``.tmp-step-N``; one left by a killed run is removed at the next start).
+``manifest.open_checkpoint`` is the one validation path. ``prune`` keeps the newest
+``checkpoint.keep`` checkpoints that pass the cheap checks; a damaged one is moved aside as
+``corrupt-step-N``, so it is never the newest and never the reason a good one is deleted.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
+import errno
 import os
 import shutil
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim import Optimizer
 
 from yatrain import __version__
-from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
-from yatrain.data import BatchLoader, Tokenizer, load_tokenizer
+from yatrain.data import Tokenizer, load_tokenizer
 from yatrain.sharding import ShardedEngine, ShardView, StateEntry
+from yatrain.train.checksum import copy_hashed
+from yatrain.train.dcp_io import failure_message, load_alone, load_state, save_state
 from yatrain.train.files import fsync_dir, write_json_atomic
 from yatrain.train.manifest import (
     FORMAT,
     MANIFEST,
     CheckpointError,
+    CorruptCheckpoint,
     SavedCheckpoint,
+    check_files,
     complete_checkpoints,
-    file_table,
-    open_checkpoint,
+    read_manifest,
 )
 from yatrain.train.optim import ensure_state, share_step_count, step_count
 from yatrain.train.runtime import Runtime
@@ -86,61 +87,124 @@ def save_checkpoint(
 ) -> Path:  # fmt: skip
     """Collective: every rank calls it. Returns the final ``step-N`` directory.
 
-    The tokenizer's files are copied in, so a checkpoint is self-contained for export."""
-    final = root / f"step-{step}"
-    tmp = root / f".tmp-step-{step}"
+    The tokenizer's files are copied in, so a checkpoint is self-contained for export. A
+    failure (a full disk, a lost file system) is one CheckpointError on every rank, with
+    ``.tmp-step-N`` removed and the earlier checkpoints untouched."""
+    final, tmp = root / f"step-{step}", root / f".tmp-step-{step}"
     if is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)  # re-saving a step (e.g. after a restart)
     _barrier()
-    with _single_process_is_intended():
-        dcp.save(training_state(engine, optimizer, mesh), checkpoint_id=str(tmp))
-    _barrier()
+    try:
+        records = save_state(training_state(engine, optimizer, mesh), tmp)
+    except (OSError, CheckpointException) as error:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(save_failure(final, error)) from None
+    files = _gather_records(records)
+    problem = None
     if is_main:
-        for file in tokenizer_files:
-            shutil.copyfile(file, tmp / file.name)
-        manifest = {
-            "format": FORMAT,
-            "yatrain_version": __version__,
-            "step": step,
-            "world_size_at_save": engine.world_size,
-            "unit_numels": [entry.numel for entry in engine.state_layout],
-            "files": file_table(tmp),
-            **meta,
-        }
-        write_json_atomic(tmp / MANIFEST, manifest)
-        os.replace(tmp, final)
-        fsync_dir(root)
-        _prune(root, keep)
-    _barrier()
+        try:
+            _complete(root, tmp, final, files, tokenizer_files, keep, {
+                "format": FORMAT, "yatrain_version": __version__, "step": step,
+                "world_size_at_save": engine.world_size,
+                "unit_numels": [entry.numel for entry in engine.state_layout], **meta,
+            })  # fmt: skip
+        except OSError as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            problem = save_failure(final, error)
+    problem = _from_main(problem)
+    if problem is not None:
+        raise CheckpointError(problem)
     return final
 
 
-def _prune(root: Path, keep: int) -> None:
-    for old in complete_checkpoints(root)[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-step-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+def _complete(
+    root: Path, tmp: Path, final: Path, files: dict, tokenizer_files: Sequence[Path],
+    keep: int, manifest: dict,
+) -> None:  # fmt: skip
+    """Rank 0, after every rank wrote its shards: tokenizer, manifest, rename, prune."""
+    for file in tokenizer_files:
+        files[file.name] = copy_hashed(file, tmp / file.name)
+    manifest["files"] = dict(sorted(files.items()))
+    write_json_atomic(tmp / MANIFEST, manifest)
+    if final.exists():  # re-saving a step (e.g. after a restart): replace it only now
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    prune(root, keep, final)
 
 
-# ---------------------------------------------------------------------- finding and checking
+def save_failure(final: Path, error: BaseException) -> str:
+    """The line a failed save ends the run with."""
+    detail = failure_message(error)
+    cause = error.failures if isinstance(error, CheckpointException) else {0: (error,)}
+    codes = {getattr(failure[0], "errno", None) for failure in cause.values()}
+    fix = (
+        "free space there (or lower checkpoint.keep), then resume with --resume auto"
+        if codes & {errno.ENOSPC, errno.EDQUOT}
+        else "fix the file system, then resume with --resume auto"
+    )
+    return f"could not save checkpoint {final}: {detail}; nothing was kept of it: {fix}"
 
 
-def find_resume_checkpoint(
-    root: Path, model: ModelConfig, say: Callable[[str], None]
-) -> SavedCheckpoint | None:
-    """``--resume auto``: the newest good checkpoint, skipping (and reporting) bad ones."""
-    first_error = None
+def _gather_records(records: dict[str, dict]) -> dict[str, dict]:
+    """Every rank's file entries, merged on rank 0 (collective)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return dict(records)
+    gathered: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(records, gathered if dist.get_rank() == 0 else None, dst=0)
+    merged: dict[str, dict] = {}
+    for table in gathered:
+        merged.update(table or {})
+    return merged
+
+
+def _from_main(value: object) -> object:
+    """Rank 0's value on every rank (a collective that also serves as the save's barrier)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def prune(root: Path, keep: int, current: Path | None = None) -> None:
+    """Keep the newest ``keep`` checkpoints that pass the cheap checks (manifest, sizes,
+    safe metadata; ``current`` was just written and is trusted); move damaged ones aside
+    as ``corrupt-step-N`` and delete the older good ones."""
+    kept = 0
     for path in complete_checkpoints(root):
-        try:
-            return open_checkpoint(path, model)
-        except CheckpointError as error:
-            first_error = first_error or error
-            say(f"warning: skipping {path.name}: {error}; falling back to an older checkpoint")
-    if first_error is not None:
-        raise CheckpointError(f"no usable checkpoint in {root}: {first_error}")
-    return None
+        if kept >= keep:
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        if path != current:
+            try:
+                check_files(path, read_manifest(path))
+            except CorruptCheckpoint:
+                move_aside(path)
+                continue
+        kept += 1
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a damaged ``step-N`` to ``corrupt-step-N`` (kept for inspection, never
+    loaded, never counted by ``checkpoint.keep``)."""
+    target, number = path.with_name(f"corrupt-{path.name}"), 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"corrupt-{path.name}-{number}")
+    os.replace(path, target)
+    return target
+
+
+def remove_stale_saves(root: Path) -> list[Path]:
+    """Delete the ``.tmp-step-N`` directories of saves that never finished (a killed run, a
+    full disk); only while this run holds the run directory's lock."""
+    stale = sorted(root.glob(".tmp-step-*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 # ---------------------------------------------------------------------- loading
@@ -165,18 +229,22 @@ def load_weights(path: Path, engine: ShardedEngine, mesh: DeviceMesh | None) -> 
 
 def _load(state: dict, path: Path) -> None:
     try:
-        with _single_process_is_intended():
-            dcp.load(state, checkpoint_id=str(path))
-    except Exception as error:  # DCP raises many types for unreadable files
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"could not load checkpoint {path}: {first[:300]}") from None
+        load_state(state, path)
+    except (Exception, CheckpointException) as error:  # DCP raises many types
+        raise CheckpointError(
+            f"could not load checkpoint {path}: {failure_message(error)}"
+        ) from None
 
 
 def read_weights(checkpoint: SavedCheckpoint, entry: StateEntry) -> dict[str, torch.Tensor]:
-    """The fp32 parameters of one saved flat tensor, in one process, by name."""
+    """The fp32 parameters of one saved flat tensor, in this process alone, by name."""
     flat = torch.empty(entry.numel, dtype=torch.float32)
-    with _single_process_is_intended():
-        dcp.load({"model": {entry.key: flat}}, checkpoint_id=str(checkpoint.path), no_dist=True)
+    try:
+        load_alone({"model": {entry.key: flat}}, checkpoint.path)
+    except (Exception, CheckpointException) as error:
+        raise CheckpointError(
+            f"could not read checkpoint {checkpoint.path}: {failure_message(error)}"
+        ) from None
     return entry.split(flat)
 
 
@@ -195,90 +263,6 @@ def iter_full_weights(checkpoint: SavedCheckpoint) -> Iterator[tuple[str, torch.
     """Every parameter in fp32, one saved flat tensor (a unit) in memory at a time."""
     for entry in checkpoint.layout:
         yield from read_weights(checkpoint, entry).items()
-
-
-# ---------------------------------------------------------------------- the run's checkpoints
-
-
-class Checkpointer:
-    """A run's checkpoints: when to save (``due``), what goes in, and where a run resumes.
-
-    Collective like the saves themselves: every rank holds one and calls it at the same
-    steps."""
-
-    def __init__(
-        self, recipe: Recipe, root: Path, engine: ShardedEngine, optimizer: Optimizer,
-        loader: BatchLoader,
-        runtime: Runtime,
-    ) -> None:  # fmt: skip
-        self.cfg, self.total_steps, self.model = recipe.checkpoint, recipe.train.steps, recipe.model
-        self.root, self.engine, self.optimizer, self.loader = root, engine, optimizer, loader
-        self.runtime = runtime
-        self.meta = {
-            "model": dataclasses.asdict(recipe.model),
-            "recipe_sha256": hashlib.sha256(recipe_to_yaml(recipe).encode()).hexdigest(),
-            "recipe": recipe_to_dict(recipe),  # for `yatrain eval`: its data, batches, dtype
-            "dtype": recipe.train.dtype,
-        }
-        self.mesh = dcp_mesh(runtime)
-        self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
-
-    def due(self, step: int, stop: bool = False) -> bool:
-        """Save after this step? Every ``checkpoint.every`` steps, at the end, and when the
-        run is stopping; never when checkpoints are off."""
-        every = self.cfg.every
-        periodic = bool(every) and step % every == 0
-        return self.cfg.enabled and (periodic or step == self.total_steps or stop)
-
-    def save(self, step: int, skipped_steps: int) -> Path:
-        meta = {
-            **self.meta,
-            "loader": self.loader.state_dict(),
-            "tokens_seen": step * self.loader.tokens_per_step,
-            "skipped_steps": skipped_steps,
-        }
-        self.last = save_checkpoint(
-            self.root, step, self.engine, self.optimizer, self.mesh, meta,
-            is_main=self.runtime.is_main, keep=self.cfg.keep,
-            tokenizer_files=self.loader.tokenizer_files,
-        )  # fmt: skip
-        return self.last
-
-    def restore(self, resume: str, say: Callable[[str], None]) -> tuple[int, int]:
-        """Continue as ``--resume`` says (auto, never, a path): load the engine, optimizer
-        and data position; returns (step, skipped steps), (0, 0) for a fresh start."""
-        found = self._find(resume, say)
-        if found is None:
-            return 0, 0
-        load_checkpoint(found.path, self.engine, self.optimizer, self.mesh)
-        self.loader.load_state_dict(found.manifest["loader"])
-        self.last = found.path
-        return found.step, found.manifest.get("skipped_steps", 0)
-
-    def _find(self, resume: str, say: Callable[[str], None]) -> SavedCheckpoint | None:
-        """Rank 0 inspects the files and decides; every rank gets the same answer or error."""
-        answer: object = None
-        if self.runtime.is_main and resume != "never":
-            try:
-                if resume == "auto":
-                    answer = find_resume_checkpoint(self.root, self.model, say)
-                else:
-                    answer = open_checkpoint(Path(resume), self.model)
-            except CheckpointError as error:
-                answer = str(error)
-        answer = self.runtime.broadcast_object(answer)
-        if isinstance(answer, str):
-            raise CheckpointError(answer)
-        return answer
-
-
-@contextlib.contextmanager
-def _single_process_is_intended() -> Iterator[None]:
-    """DCP warns on every save and load without a process group; one process is a normal
-    case here (world size 1, export, generation), and a normal run prints no warnings."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
 
 
 def dcp_mesh(runtime: Runtime) -> DeviceMesh | None:

@@ -1,8 +1,14 @@
-"""Stop cleanly: on SIGTERM/SIGINT save a checkpoint and exit; never step on a non-finite state.
+"""Stop cleanly: on SIGTERM/SIGINT save a checkpoint and exit; never keep a non-finite state.
 
 All ranks must agree on when to stop (a checkpoint is collective), so each step ends with
 one tiny all-reduce of two flags: "a signal arrived here" and "this rank saw a non-finite
-loss or gradient norm". It runs before the optimizer step, so a bad step is never applied.
+loss or gradient norm". It runs before the optimizer step, so such a step is never applied.
+
+A finite gradient can still make the weights non-finite (a learning rate of 1e39 does).
+``weights_finite`` checks after the update with one sum over each flat shard: a sum is
+non-finite whenever any element is (inf and NaN propagate), at the cost of reading the
+shard once (an element-wise ``isfinite().all()`` costs ~30x more here). A non-finite sum of
+finite but huge weights is told apart by the element-wise check, run only then.
 """
 
 from __future__ import annotations
@@ -40,6 +46,18 @@ class StepGuard:
         if stop and self.signal_name is None:
             self.signal_name = "a signal on another rank"
         return bool(stop), bool(nonfinite)
+
+    def weights_finite(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether every element of ``tensors`` (this rank's shards) is finite on every
+        rank; collective."""
+        bad = any(
+            not torch.isfinite(t.detach().sum()) and not torch.isfinite(t.detach()).all()
+            for t in tensors
+        )
+        flag = torch.tensor(float(bad), device=self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return not bool(flag.item())
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

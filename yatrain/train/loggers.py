@@ -118,7 +118,8 @@ class Loggers:
         moved = truncate_metrics(run_dir / "metrics.jsonl", start_step)
         if moved is not None:
             self.say(f"{run_dir} had metrics but no checkpoint: kept them as {moved.name}")
-        wandb = WandbLogger(recipe.logging.wandb, run_dir, recipe_to_dict(recipe), run_dir.name)
+        wandb = WandbLogger(recipe.logging.wandb, run_dir, recipe_to_dict(recipe), run_dir.name,
+                            say=self.say)  # fmt: skip
         self.wandb_mode = wandb.mode
         self.destinations = [
             self.console,

@@ -3,7 +3,9 @@
 Read top to bottom: ``pretrain`` joins the process group and builds the run
 (``setup.setup``: data, model, engine, optimizer, resume point, loggers); ``train`` runs the
 steps, each ``step`` being learning rate, data, ``train_step``, then evaluation, logging
-and checkpointing when their components say they are due. Checkpoints capture everything the
+and checkpointing when their components say they are due; a watchdog ends a step stuck in a
+collective, and a lost peer or an exhausted allocator ends the run in one line
+(``failures.explain``). Checkpoints capture everything the
 next step depends on (weights, AdamW state, the global data position; no random state is
 drawn during training), so a resumed run continues bit for bit at the same world size.
 """
@@ -19,12 +21,15 @@ import torch.distributed as dist
 from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError
 from yatrain.train.evaluate import Evaluation
+from yatrain.train.failures import explain
 from yatrain.train.guard import StepGuard
 from yatrain.train.optim import set_lr
 from yatrain.train.runtime import init_runtime
 from yatrain.train.schedule import lr_at
-from yatrain.train.setup import Run, setup
+from yatrain.train.setup import Checks, Run, setup
 from yatrain.train.step import StepOutcome, train_step
+
+BACKSTOP_S = 60.0  # the process group's timeout, after the watchdog's (watchdog.py)
 
 
 def pretrain(
@@ -35,25 +40,30 @@ def pretrain(
     steps: int | None = None,
     resume: str = "auto",
     progress: bool = True,
+    checks: Checks = Checks(),
 ) -> dict:
-    """Train as one process or one torchrun rank; returns the run summary."""
+    """Train as one process or one torchrun rank; returns the run summary. ``checks``:
+    the fit check and checksum verification (both on), the step whose live tensors are
+    counted on CPU (none)."""
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
-    runtime = init_runtime(single_rank_group=recipe.sharding.force_process_group)
+    runtime = init_runtime(
+        recipe.train.collective_timeout_s + BACKSTOP_S,
+        single_rank_group=recipe.sharding.force_process_group,
+    )
     run = None
     try:
         run = setup(recipe, runtime, recipe_name=recipe_name, run_dir=run_dir, resume=resume,
-                    progress=progress)  # fmt: skip
+                    progress=progress, checks=checks)  # fmt: skip
         return train(run)
-    except dist.DistBackendError as error:
-        first = str(error).strip().splitlines()[0][:200]
-        raise TrainingError(
-            f"lost contact with another rank ({first}): it failed or was killed; "
-            "its own output above says why"
-        ) from None
+    except (RuntimeError, dist.DistError) as error:  # the machine failed, not the input
+        where = f"at step {run.step_number}" if run is not None else "while starting"
+        if (explained := explain(error, where)) is None:
+            raise
+        raise explained from None
     finally:
         if run is not None:
-            run.loggers.close()
+            run.close()
         runtime.shutdown()
 
 
@@ -68,17 +78,22 @@ def train(run: Run) -> dict:
     run.meter.start(first_step=run.start_step + 1)
     try:
         for step_number in range(run.start_step + 1, total + 1):
+            run.step_number = step_number
+            run.watchdog.phase(f"step {step_number}")
             with run.profiler.step(step_number):
                 outcome, lr = step(run, step_number, guard)
             evaluation = None
             if run.evaluator.due(step_number, outcome.stop):
+                run.watchdog.phase(f"the evaluation after step {step_number}")
                 evaluation = evaluate(run)
             if run.meter.due(step_number) or evaluation is not None:
                 log(run, step_number, outcome, lr, evaluation)
             if run.checkpointer.due(step_number, outcome.stop):
+                run.watchdog.phase(f"the checkpoint save after step {step_number}")
                 save(run, step_number)
             if outcome.stop:
                 raise Interrupted(_stop_message(run, guard, step_number))
+        run.watchdog.phase(None)
         summary = run.meter.summary(run.run_dir)
         run.loggers.summary(summary)
         return summary
@@ -96,13 +111,22 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     set_lr(run.optimizer, lr)
     with run.meter.waiting_for_data():
         micro_batches = run.loader.next_batch()
-    outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
-                         grad_clip=optim.grad_clip, guard=guard,
-                         model_inputs=run.loader.attention_inputs)  # fmt: skip
+    with run.meter.watching_tensors(step_number):
+        outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
+                             grad_clip=optim.grad_clip, guard=guard,
+                             model_inputs=run.loader.attention_inputs)  # fmt: skip
+    last = run.checkpointer.last or "none"
+    if outcome.bad_weights:  # applied: no skipping it, and nothing of it may be saved
+        raise TrainingError(
+            f"the update at step {step_number} made weights non-finite (its loss and gradient "
+            "norm were finite); an applied update cannot be undone without a copy of the "
+            f"state, so the run stops without saving it; the last good checkpoint is {last}: "
+            "lower optim.lr"
+        )
     if outcome.nonfinite and not run.recipe.train.skip_nonfinite_steps:
         raise TrainingError(
             f"non-finite loss or gradient norm at step {step_number}; the update was not "
-            f"applied and the last good checkpoint is {run.checkpointer.last or 'none'}: "
+            f"applied and the last good checkpoint is {last}: "
             "lower optim.lr, or set train.skip_nonfinite_steps: true to skip such steps"
         )
     if outcome.nonfinite:

@@ -1,8 +1,12 @@
 """A checkpoint directory's manifest (written last, read first) and whether to trust it.
 
 ``yatrain-checkpoint.json`` records the format, the step, the model and its saved layout, the
-loader position, and every file's size and CRC32. ``open_checkpoint`` is the one validation
-path: resume, ``yatrain export`` and ``train.init_from`` all go through it.
+loader position, and every file's size and XXH3-64 checksum. ``open_checkpoint`` is the one
+validation path: resume, ``yatrain export``, ``train.init_from`` (and anything else that
+reads a checkpoint) go through it. In order, cheapest first: the manifest against its schema
+(types and required fields, so nothing later trips on a wrong type), every listed file's
+presence and size, DCP's ``.metadata`` through the restricted unpickler (``dcp_safe``: a
+pickle that would run code is refused), the model, and last the checksums (``verify``).
 """
 
 from __future__ import annotations
@@ -12,21 +16,28 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from yatrain.common import GIB
+from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models.llama import build_model
+from yatrain.schema import build_dataclass
 from yatrain.sharding import StateEntry, describe_state
-from yatrain.train.files import crc32
+from yatrain.train.checksum import HASH, LEGACY_HASH, file_matches
+from yatrain.train.dcp_safe import METADATA, UnsafeCheckpoint, data_files, read_metadata
 
 MANIFEST = "yatrain-checkpoint.json"
-FORMAT = "yatrain-checkpoint-v1"
-_CHECKSUM_MAX_BYTES = 2 * GIB  # above this, sizes only: hashing would dominate save time
+FORMAT = "yatrain-checkpoint-v2"  # v2: XXH3-64 of every file; v1: CRC32 up to 2 GiB only
+READABLE_FORMATS = ("yatrain-checkpoint-v1", FORMAT)
 RESUME_FIX = "resume it with its own recipe, or start a new --run-dir"
+NO_VERIFY = "pass --no-verify to load it without checksums"
 
 
 class CheckpointError(YatrainError):
     """A checkpoint is missing, incomplete, corrupt or belongs to another model."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint whose files are damaged or untrustworthy: never to be loaded or kept."""
 
 
 class ModelMismatch(CheckpointError, ConfigError):
@@ -47,17 +58,8 @@ class SavedCheckpoint:
         return self.manifest["step"]
 
 
-def file_table(folder: Path) -> dict[str, dict]:
-    """Every file's size, and its CRC32 when the whole checkpoint is small enough."""
-    files = {path.name: {"bytes": path.stat().st_size} for path in sorted(folder.iterdir())}
-    if sum(f["bytes"] for f in files.values()) <= _CHECKSUM_MAX_BYTES:
-        for name in files:
-            files[name]["crc32"] = crc32(folder / name)
-    return files
-
-
 def complete_checkpoints(root: Path) -> list[Path]:
-    """``step-N`` directories with a manifest, newest first."""
+    """``step-N`` directories with a manifest, newest first (``corrupt-step-N`` is not)."""
     found = []
     for path in root.glob("step-*") if root.is_dir() else []:
         suffix = path.name.removeprefix("step-")
@@ -67,54 +69,136 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def open_checkpoint(
-    path: Path, model: ModelConfig | None = None, fix: str = RESUME_FIX
+    path: Path, model: ModelConfig | None = None, fix: str = RESUME_FIX, *, verify: bool = True
 ) -> SavedCheckpoint:
-    """The checkpoint at ``path`` if it is complete, intact and (when ``model`` is given) of
-    that model; else CheckpointError (``ModelMismatch``, saying ``fix``, for another model)."""
-    manifest = _read_manifest(path)
-    _check_files(path, manifest)
-    try:
-        saved = ModelConfig(**manifest["model"])
-    except (KeyError, TypeError):
-        raise CheckpointError(f"checkpoint {path}: its manifest has no valid model") from None
+    """The checkpoint at ``path`` if it is complete, intact, safe to read and (when ``model``
+    is given) of that model; else CheckpointError: ``CorruptCheckpoint`` for damaged or
+    unsafe files, ``ModelMismatch`` (saying ``fix``) for another model. ``verify=False``
+    skips the checksums, the one step that reads every byte."""
+    manifest = read_manifest(path)
+    check_files(path, manifest)
+    saved = _saved_model(path, manifest)
     if model is not None and saved != model:
-        current = dataclasses.asdict(model)
-        theirs = dataclasses.asdict(saved)
+        current, theirs = dataclasses.asdict(model), dataclasses.asdict(saved)
         detail = ", ".join(
             f"model.{k} {theirs[k]} -> {v}" for k, v in current.items() if theirs[k] != v
         )
         raise ModelMismatch(f"checkpoint {path} was saved for another model ({detail}): {fix}")
     layout = describe_state(build_model(saved))
-    if manifest.get("unit_numels") != [entry.numel for entry in layout]:
-        raise CheckpointError(
-            f"checkpoint {path} was saved for another model (layout differs): {fix}"
-        )
+    if manifest["unit_numels"] != [entry.numel for entry in layout]:
+        raise CorruptCheckpoint(f"checkpoint {path}: its manifest's layout is not its model's")
+    if verify:
+        verify_files(path, manifest, list(manifest["files"]))
     return SavedCheckpoint(path, manifest, saved, layout)
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict:
+    """The manifest of ``path``, checked against its schema (CorruptCheckpoint if not)."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{path} is not a complete yatrain checkpoint (no {MANIFEST})")
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{manifest_path} is unreadable ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise CheckpointError(f"{manifest_path}: unknown format {found!r}")
+        raise CorruptCheckpoint(f"{manifest_path} is unreadable ({error})") from None
+    problem = _schema_problem(manifest)
+    if problem is not None:
+        raise CorruptCheckpoint(f"{manifest_path} is invalid: {problem}")
     return manifest
 
 
-def _check_files(path: Path, manifest: dict) -> None:
-    for name, expect in manifest.get("files", {}).items():
+_FIELDS = {  # key: (type, required)
+    "format": (str, True), "step": (int, True), "world_size_at_save": (int, True),
+    "unit_numels": (list, True), "files": (dict, True), "model": (dict, True),
+    "yatrain_version": (str, False), "loader": (dict, False), "tokens_seen": (int, False),
+    "skipped_steps": (int, False), "dtype": (str, False), "recipe_sha256": (str, False),
+    "recipe": (dict, False),
+}  # fmt: skip
+
+
+def _schema_problem(manifest: object) -> str | None:
+    """What is wrong with a parsed manifest, or None."""
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    if manifest.get("format") not in READABLE_FORMATS:
+        return f"unknown format {manifest.get('format')!r}"
+    for key, (kind, required) in _FIELDS.items():
+        if key not in manifest:
+            if required:
+                return f"the required field {key!r} is missing"
+        elif not _is(manifest[key], kind):
+            return f"{key!r} is {manifest[key]!r}, not a {kind.__name__}"
+    if manifest["step"] < 0 or manifest["world_size_at_save"] < 1:
+        return "its step or world size is out of range"
+    if not all(_is(n, int) and n > 0 for n in manifest["unit_numels"]):
+        return "'unit_numels' must list positive whole numbers"
+    if manifest.get("dtype", "fp32") not in DTYPES:
+        return f"unknown dtype {manifest['dtype']!r}"
+    for name, entry in manifest["files"].items():
+        if problem := _file_entry_problem(name, entry):
+            return f"files[{name!r}]: {problem}"
+    if METADATA not in manifest["files"]:
+        return f"it does not list DCP's {METADATA}"
+    return None
+
+
+def _file_entry_problem(name: str, entry: object) -> str | None:
+    if "/" in name or "\\" in name or name in ("", ".", "..", MANIFEST):
+        return "not a file name inside the checkpoint"
+    if not isinstance(entry, dict) or not _is(entry.get("bytes"), int) or entry["bytes"] < 0:
+        return "needs a whole number of 'bytes'"
+    if HASH in entry and not (isinstance(entry[HASH], str) and len(entry[HASH]) == 16):
+        return f"{HASH} must be 16 hex digits"
+    if LEGACY_HASH in entry and not _is(entry[LEGACY_HASH], int):
+        return f"{LEGACY_HASH} must be a whole number"
+    return None
+
+
+def _is(value: object, kind: type) -> bool:
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _saved_model(path: Path, manifest: dict) -> ModelConfig:
+    try:
+        return build_dataclass(ModelConfig, manifest["model"], prefix="model.")
+    except ConfigError as error:
+        raise CorruptCheckpoint(
+            f"checkpoint {path}: its manifest's model is invalid ({error})"
+        ) from None
+
+
+def check_files(path: Path, manifest: dict) -> None:
+    """Every listed file present at its size, and DCP's index safe and within the listing."""
+    for name, expect in manifest["files"].items():
         file = path / name
         if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} is missing {name}")
+            raise CorruptCheckpoint(f"checkpoint {path} is missing {name}")
         if file.stat().st_size != expect["bytes"]:
-            raise CheckpointError(
+            raise CorruptCheckpoint(
                 f"checkpoint {path}: {name} has {file.stat().st_size} bytes, "
                 f"the manifest says {expect['bytes']} (truncated or replaced)"
             )
-        if "crc32" in expect and crc32(file) != expect["crc32"]:
-            raise CheckpointError(f"checkpoint {path}: {name} is corrupt (checksum mismatch)")
+    try:
+        metadata = read_metadata(path)
+    except UnsafeCheckpoint as error:
+        raise CorruptCheckpoint(
+            f"checkpoint {path} is unsafe: its {METADATA} holds {error}, which is not "
+            "checkpoint metadata and could run code when loaded; refused"
+        ) from None
+    except Exception as error:  # the unpickler runs no code: anything else is damage
+        raise CorruptCheckpoint(
+            f"checkpoint {path}: its {METADATA} is unreadable ({type(error).__name__}: {error})"
+        ) from None
+    unlisted = sorted(data_files(metadata) - set(manifest["files"]))
+    if unlisted:
+        raise CorruptCheckpoint(f"checkpoint {path}: {unlisted[0]} is not in its manifest")
+
+
+def verify_files(path: Path, manifest: dict, names: list[str]) -> None:
+    """Check the checksums of the listed files ``names`` (a share of them under torchrun)."""
+    for name in names:
+        matches = file_matches(path / name, manifest["files"][name])
+        if matches is None:  # an old (v1) checkpoint above 2 GiB: not damaged, unchecked
+            raise CheckpointError(f"checkpoint {path}: {name} has no checksum; {NO_VERIFY}")
+        if not matches:
+            raise CorruptCheckpoint(f"checkpoint {path}: {name} is corrupt (checksum mismatch)")

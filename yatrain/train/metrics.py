@@ -9,12 +9,16 @@ Peak memory: on CUDA the caching allocator's ``max_memory_allocated`` since the 
 on CPU the process's resident high-water mark (``VmHWM`` in ``/proc/self/status``, reset
 at each log via ``/proc/self/clear_refs``). The CPU figure includes the Python process
 itself (interpreter, libraries), so it overstates tensor memory; it is null where the
-platform offers neither.
+platform offers neither. The tensor peak (what the planner predicts) is the allocator's
+figure on CUDA; on CPU it is counted by the live-tensor tracker on one chosen step
+(``tensor_step``: it slows that step, so the sweep picks a warm-up step), every tensor alive
+when the step starts adopted first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +29,7 @@ import torch.distributed as dist
 from yatrain.common import DTYPES
 from yatrain.config import Recipe
 from yatrain.models.llama import flops_per_token
+from yatrain.plan import LiveTensorTracker
 from yatrain.train.record import MetricsRecord
 from yatrain.train.report import run_summary
 from yatrain.train.runtime import Runtime
@@ -115,8 +120,11 @@ class StepMeter:
     checkpoints is ``exclude``-d, so saves never count as step time. Every rank measures
     (the loss is averaged across ranks, a collective); only rank 0 logs."""
 
-    def __init__(self, recipe: Recipe, runtime: Runtime, tokens_per_step: int) -> None:
+    def __init__(
+        self, recipe: Recipe, runtime: Runtime, tokens_per_step: int, tensor_step: int | None = None
+    ) -> None:
         self.runtime, self.device = runtime, runtime.device
+        self.tensor_step, self.tensor_peak = tensor_step, None
         self.log_every, self.total_steps = recipe.train.log_every, recipe.train.steps
         self.dtype = recipe.train.dtype
         self.tokens_per_step = tokens_per_step
@@ -148,6 +156,19 @@ class StepMeter:
     def step_done(self) -> None:
         self.window_steps += 1
 
+    @contextlib.contextmanager
+    def watching_tensors(self, step: int) -> Iterator[None]:
+        """On CPU at ``tensor_step``: count live tensors through this step (see the module
+        docstring); elsewhere nothing."""
+        if step != self.tensor_step or self.device.type == "cuda":
+            yield
+            return
+        with LiveTensorTracker(self.device) as tracker:
+            tracker.adopt(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+            tracker.reset_peak()
+            yield
+        self.tensor_peak = tracker.peak
+
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` (a checkpoint save) out of the current window."""
         self.window_start += seconds
@@ -163,14 +184,16 @@ class StepMeter:
             dist.all_reduce(loss)
             loss /= self.runtime.world_size
         synchronize(self.device)
+        peak_memory = self.memory.read()
+        tensors = peak_memory if self.device.type == "cuda" else self.tensor_peak
+        self.tensor_peak = None
         record = MetricsRecord.measure(
             step=step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(),
             tokens_per_step=self.tokens_per_step,
             window_s=time.perf_counter() - self.window_start, window_steps=self.window_steps,
             world_size=self.runtime.world_size, flops_per_token=self.flops_per_token,
-            peak_flops=self.peak_flops, peak_memory=self.memory.read(),
-            data_wait_s=self.data_wait, bytes_sent=bytes_sent, skipped_steps=skipped_steps,
-            val=val,
+            peak_flops=self.peak_flops, peak_memory=peak_memory, data_wait_s=self.data_wait,
+            bytes_sent=bytes_sent, skipped_steps=skipped_steps, peak_tensors=tensors, val=val,
         )  # fmt: skip
         self.records.append(record)
         return record

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from yatrain.common import dumps_json
 
 _VAL_SOURCE = "val_loss/"  # prefix of a mixture source's held-out loss in the JSON record
 
@@ -35,6 +38,10 @@ class MetricsRecord:
     data_wait_frac: float  # share of the window spent waiting for batches
     comm_bytes_sent: int  # bytes this rank sent in collectives so far
     skipped_steps: int  # non-finite steps skipped so far
+    # Peak bytes of live tensors in the window (what the planner predicts): the CUDA
+    # allocator's figure on GPU; on CPU the live-tensor tracker's, on the one step it
+    # watched (None on other records).
+    peak_tensor_bytes: int | None = None
     val_loss: float | None = None  # held-out loss, at evaluation steps only
     val_ppl: float | None = None  # exp(val_loss)
     val_tokens: int | None = None  # predicted tokens the evaluation covered
@@ -45,7 +52,7 @@ class MetricsRecord:
         cls, *, step: int, loss: float, lr: float, grad_norm: float, tokens_per_step: int,
         window_s: float, window_steps: int, world_size: int, flops_per_token: float,
         peak_flops: float, peak_memory: int | None, data_wait_s: float, bytes_sent: int,
-        skipped_steps: int, val: dict | None = None,
+        skipped_steps: int, peak_tensors: int | None = None, val: dict | None = None,
     ) -> MetricsRecord:  # fmt: skip
         """The record of a window of ``window_steps`` steps that took ``window_s`` seconds;
         ``val``: an evaluation's fields (``Evaluation.record_fields``)."""
@@ -66,6 +73,7 @@ class MetricsRecord:
             data_wait_frac=data_wait_s / window_s,
             comm_bytes_sent=bytes_sent,
             skipped_steps=skipped_steps,
+            peak_tensor_bytes=peak_tensors,
             **(val or {}),
         )
 
@@ -82,12 +90,20 @@ class MetricsRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> MetricsRecord:
-        """A record from one parsed line; fields this version does not know are ignored."""
-        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
-        sources = {
+        """A record from one parsed line; fields this version does not know are ignored,
+        fields an older version did not write are None, and ``null`` floats (written for
+        NaN and inf) read back as NaN."""
+        values = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
+        values["val_sources"] = {
             k.removeprefix(_VAL_SOURCE): v for k, v in data.items() if k.startswith(_VAL_SOURCE)
         }
-        return cls(**values, val_sources=sources)
+        for name in _FLOAT_FIELDS:
+            if values[name] is None:
+                values[name] = math.nan
+        return cls(**values)
+
+
+_FLOAT_FIELDS = [f.name for f in dataclasses.fields(MetricsRecord) if f.type == "float"]
 
 
 def read_metrics(path: Path) -> list[MetricsRecord]:
@@ -99,6 +115,12 @@ def read_metrics(path: Path) -> list[MetricsRecord]:
 def steady_means(records: Sequence[MetricsRecord], fields: Sequence[str]) -> dict[str, float]:
     """The mean of each field over ``records`` (callers leave out warm-up steps first)."""
     return {name: sum(getattr(r, name) for r in records) / len(records) for name in fields}
+
+
+def largest_tensor_peak(records: Sequence[MetricsRecord]) -> int | None:
+    """The highest live-tensor peak among ``records``, None if none was measured."""
+    readings = [r.peak_tensor_bytes for r in records if r.peak_tensor_bytes is not None]
+    return max(readings) if readings else None
 
 
 def largest_peak_memory(records: Sequence[MetricsRecord]) -> int | None:
@@ -114,7 +136,7 @@ class MetricsFile:
         self.file = path.open("a", encoding="utf-8")
 
     def write(self, record: MetricsRecord) -> None:
-        self.file.write(json.dumps(record.to_json()) + "\n")
+        self.file.write(dumps_json(record.to_json()) + "\n")  # null, never a bare NaN
         self.file.flush()
 
     def close(self) -> None:

@@ -1,44 +1,10 @@
-"""Where a run lives and where it continues from (``--resume auto|never|PATH``).
-
-The default run directory must be the same for every rank and for every restart of an
-elastic torchrun job, so under torchrun it is named after the job's rendezvous id; a plain
-single-process run gets a fresh, timestamped directory.
-"""
+"""A resumed run's metrics: ``metrics.jsonl`` trimmed to the step it continues from."""
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
-
-from yatrain.errors import ConfigError
-
-
-def default_run_dir(recipe_name: str) -> Path:
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
-        return Path("runs") / f"{recipe_name}-{run_id}"
-    return Path("runs") / f"{recipe_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def run_dir_for(resume: str, run_dir: Path | None, recipe_name: str, ckpt_dirname: str) -> Path:
-    """The run directory: given, or the run that holds ``--resume PATH``, or the default."""
-    if run_dir is not None:
-        return run_dir
-    if resume not in ("auto", "never"):
-        path = Path(resume)
-        if path.parent.name == ckpt_dirname:
-            return path.parent.parent
-    return default_run_dir(recipe_name)
-
-
-def check_fresh_start_allowed(run_dir: Path, resume: str) -> None:
-    if resume == "never" and (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run (metrics.jsonl) and --resume is never: "
-            "pass another --run-dir, use --resume auto, or delete it"
-        )
 
 
 def truncate_metrics(path: Path, last_step: int) -> Path | None:

@@ -1,14 +1,15 @@
 """Everything a run needs before its first step, built in data-flow order.
 
-``setup`` reads as the list of what a run is made of: its data (and held-out data), its
-directory, the model and the engine that owns its weights, the optimizer, the point it
-resumes from, its loggers and its meter. It returns them as one ``Run``, which the loop
-steps.
+``setup`` reads as the list of what a run is made of: the fit check (will it fit this
+device, by the planner), its data (and held-out data), its directory (locked: one run at a
+time), the model and the engine that owns its weights, the optimizer, the point it resumes
+from, its loggers and its meter. It returns them as one ``Run``, which the loop steps.
+Everything that can refuse a run cheaply comes before anything is allocated or written.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,18 +19,29 @@ from yatrain.common import DTYPES
 from yatrain.config import Recipe, check_vocab, validate_world_size
 from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
+from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
-from yatrain.plan import resolve_auto_checkpoint_layers
+from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
 from yatrain.sharding import InitHooks, ShardedEngine
-from yatrain.train.checkpoint import Checkpointer
+from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler
-from yatrain.train.resume import check_fresh_start_allowed, run_dir_for
+from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
 from yatrain.train.runtime import Runtime
+from yatrain.train.watchdog import Watchdog
 from yatrain.train.weights import init_from_source
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a run checks before and while it starts (the command line's switches)."""
+
+    fit: bool = True  # refuse a run the planner says will not fit (--no-fit-check: off)
+    verify: bool = True  # checkpoint checksums before a load (--no-verify: off)
+    tensor_step: int | None = None  # on CPU, count live tensors during this step
 
 
 @dataclass
@@ -48,34 +60,45 @@ class Run:
     meter: StepMeter
     profiler: StepProfiler
     evaluator: Evaluator
+    lock: RunDirLock | None
+    watchdog: Watchdog
     start_step: int = 0
     skipped_steps: int = 0
+    step_number: int = field(default=0)  # the step being run (for messages)
+
+    def close(self) -> None:
+        """Loggers closed, watchdog stopped, run directory unlocked (on any exit)."""
+        self.watchdog.close()
+        self.loggers.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def setup(
     recipe: Recipe, runtime: Runtime, *, recipe_name: str, run_dir: Path | None, resume: str,
-    progress: bool,
+    progress: bool, checks: Checks = Checks(),
 ) -> Run:  # fmt: skip
     """Build the run (see the module docstring); collective under torchrun."""
     validate_world_size(recipe, runtime.world_size)
     loggers = Loggers(runtime, progress)
+    layers = checkpoint_layers(recipe, runtime, loggers)
+    if checks.fit:
+        check_fit(recipe, runtime.world_size, runtime.device, layers)
     loader = build_loader(recipe, runtime, loggers)
     evaluator = build_evaluator(
         recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
     )
-    run_dir = Path(runtime.broadcast_object(str(
-        run_dir_for(resume, run_dir, recipe_name, recipe.checkpoint.dir)
-    )))  # fmt: skip
+    run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
     check_fresh_start_allowed(run_dir, resume)
+    watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     try:
-        model, engine = build_engine(recipe, runtime, loggers)
+        model, engine = build_engine(recipe, runtime, layers, checks.verify)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
-        checkpointer = Checkpointer(
-            recipe, run_dir / recipe.checkpoint.dir, engine, optimizer, loader, runtime
-        )
+        checkpointer = Checkpointer(recipe, run_dir / recipe.checkpoint.dir, engine, optimizer,
+                                    loader, runtime, verify=checks.verify)  # fmt: skip
         start_step, skipped = checkpointer.restore(resume, loggers.say)
         loggers.open(run_dir, recipe, start_step)
-        meter = StepMeter(recipe, runtime, loader.tokens_per_step)
+        meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step)
         profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
                                 start_step, loggers.say)  # fmt: skip
         last = checkpointer.last
@@ -89,10 +112,34 @@ def setup(
         for line in [evaluator.schedule(), *evaluator.short_notices()] if evaluator.enabled else []:
             loggers.say(line)
     except BaseException:
+        watchdog.close()
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
+        if lock is not None:
+            lock.release()
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
-               meter, profiler, evaluator, start_step, skipped)  # fmt: skip
+               meter, profiler, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
+
+
+def claim_run_dir(
+    runtime: Runtime, resume: str, run_dir: Path | None, recipe_name: str, ckpt_dirname: str
+) -> tuple[Path, RunDirLock | None]:
+    """Rank 0 picks the run directory and locks it; every rank gets the path, or the same
+    one-line error (a file in the way, another run holding it)."""
+    answer: object = None
+    lock = None
+    if runtime.is_main:
+        try:
+            path = run_dir_for(resume, run_dir, recipe_name, ckpt_dirname)
+            check_run_dir(path)
+            lock = RunDirLock(path)
+            answer = str(path)
+        except ConfigError as error:
+            answer = error
+    answer = runtime.broadcast_object(answer)
+    if isinstance(answer, ConfigError):
+        raise answer
+    return Path(answer), lock
 
 
 def build_loader(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> BatchLoader:
@@ -117,15 +164,17 @@ def checkpoint_layers(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> int
 
 
 def build_engine(
-    recipe: Recipe, runtime: Runtime, loggers: Loggers
+    recipe: Recipe, runtime: Runtime, layers: int, verify: bool = True
 ) -> tuple[nn.Module, ShardedEngine]:
-    """The model on the meta device, sharded by the engine as each rank materialises it
-    (from ``train.init_from`` when set, else from the seed)."""
-    layers = checkpoint_layers(recipe, runtime, loggers)
+    """The model on the meta device (``layers`` of its decoder layers checkpointed), sharded
+    by the engine as each rank materialises it (from ``train.init_from`` when set, else from
+    the seed)."""
     model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
     init = InitHooks.from_seed(model, recipe.train.seed)
     if recipe.train.init_from is not None:
-        init = init_from_source(Path(recipe.train.init_from), recipe.model, model)
+        source = Path(recipe.train.init_from)
+        verify = verify_init_source(source, runtime, recipe.model, verify)
+        init = init_from_source(source, recipe.model, model, verify=verify)
     engine = ShardedEngine.from_model(
         model,
         device=runtime.device,

@@ -6,7 +6,8 @@ reduce-scatters each unit's gradient as soon as it is complete), ``reduce_gradie
 for the last reductions), ``clip_grad_norm_`` (exact global norm; it also averages over
 ranks and micro-batches, in the same pass as the clipping), the guard (all ranks agree
 whether to stop and whether the step is finite), ``optimizer.step`` only for a finite step,
-``after_step`` (free the gradient shard, mark the gather buffers stale).
+the guard's check that the updated weights are finite, ``after_step`` (free the gradient
+shards, mark the gather buffers stale).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class StepOutcome:
     grad_norm: torch.Tensor  # the global gradient norm before clipping
     stop: bool = False  # a stop signal arrived on some rank
     nonfinite: bool = False  # the loss or gradient norm was not finite: no update applied
+    bad_weights: bool = False  # the applied update made some weight non-finite
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -94,7 +96,11 @@ def train_step(
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
     stop, nonfinite = guard.check(loss_sum, grad_norm) if guard else (False, False)
+    bad_weights = False
     if not nonfinite:
         optimizer.step()
+        if guard is not None:
+            shards = [p for group in optimizer.param_groups for p in group["params"]]
+            bad_weights = not guard.weights_finite(shards)
     engine.after_step()
-    return StepOutcome(loss_sum / len(micro_batches), grad_norm, stop, nonfinite)
+    return StepOutcome(loss_sum / len(micro_batches), grad_norm, stop, nonfinite, bad_weights)

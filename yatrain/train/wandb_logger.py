@@ -1,7 +1,11 @@
-"""Weights & Biases: online with an API key, offline otherwise, disabled on request.
+"""Weights & Biases: online with an API key and a network, offline otherwise, or disabled.
 
-``auto`` never blocks a run on the network: without a configured key it writes an offline
-run directory under the run dir that ``wandb sync`` uploads later. Only rank 0 logs.
+The mode is the more restrictive of ``logging.wandb.mode`` and the ``WANDB_MODE`` variable
+(disabled > offline > online), so ``WANDB_MODE=offline`` is never overridden by a recipe.
+``auto`` logs online only with an API key and when the W&B host answers within a few
+seconds (one TCP connect, in a thread so a hanging DNS lookup cannot stall the run); else,
+or when starting the online run fails, it logs offline to a directory under the run dir
+that ``wandb sync`` uploads later, and says so. Only rank 0 logs.
 """
 
 from __future__ import annotations
@@ -9,15 +13,37 @@ from __future__ import annotations
 import netrc
 import os
 import secrets
+import socket
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 from yatrain.config import WandbConfig
+from yatrain.errors import YatrainError
+
+PROBE_TIMEOUT_S = 3.0  # how long auto waits for the W&B host before logging offline
+INIT_TIMEOUT_S = 20.0  # how long auto lets wandb.init take online before falling back
+_STRICTNESS = ("online", "offline", "disabled")
+_ENV_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline",
+              "disabled": "disabled"}  # fmt: skip
 
 
-def resolve_mode(mode: str) -> str:
+def resolve_mode(mode: str) -> tuple[str, str | None]:
+    """(the mode to log in, a note for the console when auto went offline for lack of a
+    network, else None)."""
+    env = _ENV_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower())
     if mode != "auto":
-        return mode
-    return "online" if _has_api_key() else "offline"
+        return max(mode, env or mode, key=_STRICTNESS.index), None
+    if env is not None:
+        return env, None
+    if not _has_api_key():
+        return "offline", None
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    problem = _unreachable(host or "api.wandb.ai")
+    if problem is None:
+        return "online", None
+    return "offline", f"wandb: {host} is unreachable ({problem}): logging offline instead"
 
 
 def _has_api_key() -> bool:
@@ -29,10 +55,32 @@ def _has_api_key() -> bool:
         return False
 
 
+def _unreachable(host: str) -> str | None:
+    """Why ``host``:443 cannot be reached within PROBE_TIMEOUT_S, or None if it can."""
+    result: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, 443), timeout=PROBE_TIMEOUT_S).close()
+            result.append(None)
+        except OSError as error:
+            result.append(str(error) or type(error).__name__)
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(PROBE_TIMEOUT_S)
+    return result[0] if result else f"no answer in {PROBE_TIMEOUT_S:.0f} s"
+
+
 class WandbLogger:
-    def __init__(self, cfg: WandbConfig, run_dir: Path, config: dict, name: str) -> None:
-        self.mode = resolve_mode(cfg.mode)
+    def __init__(
+        self, cfg: WandbConfig, run_dir: Path, config: dict, name: str,
+        say: Callable[[str], None] = print,
+    ) -> None:  # fmt: skip
+        self.mode, note = resolve_mode(cfg.mode)
         self.run = None
+        if note:
+            say(note + f" (upload later: wandb sync {run_dir}/wandb/offline-run-*)")
         if self.mode == "disabled":
             return
         import wandb  # imported lazily: it is slow and unused when disabled
@@ -41,17 +89,24 @@ class WandbLogger:
         id_file = run_dir / "wandb-run-id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
         id_file.write_text(run_id)
-        self.run = wandb.init(
-            id=run_id,
-            resume="allow",
-            project=cfg.project,
-            entity=cfg.entity,
-            name=name,
-            config=config,
-            dir=str(run_dir),
-            mode=self.mode,
-            settings=wandb.Settings(silent=True, console="off"),
-        )
+        args = dict(id=run_id, resume="allow", project=cfg.project, entity=cfg.entity,
+                    name=name, config=config, dir=str(run_dir))  # fmt: skip
+        try:
+            self.run = self._init(wandb, args, cfg.mode == "auto")
+        except Exception as error:  # wandb raises its own CommError, UsageError, ...
+            if self.mode != "online" or cfg.mode != "auto":
+                raise YatrainError(
+                    f"W&B could not start a {self.mode} run ({_first_line(error)}): check "
+                    "WANDB_API_KEY and the network, or set logging.wandb.mode=offline"
+                ) from None
+            say(f"wandb: online start failed ({_first_line(error)}): logging offline instead")
+            self.mode = "offline"
+            self.run = self._init(wandb, args, False)
+
+    def _init(self, wandb, args: dict, bounded: bool):
+        options = {"init_timeout": INIT_TIMEOUT_S} if bounded and self.mode == "online" else {}
+        settings = wandb.Settings(silent=True, console="off", **options)
+        return wandb.init(mode=self.mode, settings=settings, **args)
 
     def log(self, metrics: dict, step: int) -> None:
         if self.run is not None:
@@ -65,3 +120,8 @@ class WandbLogger:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]

@@ -1,0 +1,84 @@
+"""The fit check before launch: will a step's predicted peak fit the memory this device has?
+
+``pretrain`` asks here before it allocates anything, so a recipe too big for the machine is
+refused in a second with one line (the planner's peak, what is available, what would fit)
+instead of failing in the allocator minutes later, or being killed by the kernel. On CUDA the
+planner's per-GPU peak (tensors plus its runtime allowance) is compared with the GPU's memory
+(or ``sharding.gpu_memory_gib``); on a CPU the tensor peak is compared with the RAM the
+kernel says is available (``MemAvailable``, and the cgroup's limit where one is set), shared
+among this machine's ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from yatrain.common import format_bytes
+from yatrain.config import Recipe
+from yatrain.errors import ConfigError
+from yatrain.plan.limits import memory_limit
+from yatrain.plan.memory import plan_for_layers, plan_memory
+
+
+def available_ram() -> int | None:
+    """Bytes of RAM a new allocation can get now: ``MemAvailable``, capped by a cgroup v2
+    limit; None where neither can be read."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_fit(recipe: Recipe, world_size: int, device: torch.device, layers: int) -> None:
+    """Raise ConfigError when the run's predicted per-device peak exceeds what the device
+    has (see the module docstring); ``layers`` is the resolved checkpointed-layer count."""
+    if device.type == "cuda":
+        have, source = memory_limit(recipe, device)
+        allowance = None  # the planner's: CUDA context, NCCL, fragmentation
+    else:
+        ram = available_ram()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        have = None if ram is None else ram // max(local, 1)
+        source = "available RAM" + (f" / {local} local ranks" if local > 1 else "")
+        allowance = 0  # tensors only: the process itself is not planned
+    if have is None:
+        return
+    plan = plan_for_layers(recipe, world_size, layers, have, allowance)
+    if plan.fits:
+        return
+    raise ConfigError(
+        f"this run does not fit: the planner predicts a peak of "
+        f"{format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per device ({layers} of "
+        f"{recipe.model.n_layers} layers checkpointed, {world_size} device(s)) and "
+        f"{format_bytes(have, 'GiB')} is available ({source}): "
+        f"{_fix(recipe, world_size, have, allowance)}; `yatrain plan` shows the breakdown, "
+        "--no-fit-check skips this check"
+    )
+
+
+def _fix(recipe: Recipe, world_size: int, have: int, allowance: int | None) -> str:
+    """What would make it fit, by the planner: more checkpointed layers, more devices, or
+    a smaller micro-batch."""
+    best = plan_memory(recipe, world_size, have, allowance)
+    if best.fits:
+        return (
+            f"set sharding.activation_checkpoint_layers={best.activation_checkpoint_layers} "
+            "(or auto)"
+        )
+    if best.min_gpus is not None:
+        return f"use at least {best.min_gpus} devices with all layers checkpointed"
+    return "lower data.micro_batch_size or data.seq_len (no device count helps)"

@@ -1,0 +1,134 @@
+"""Every DCP save and load of yatrain: hashed as it is written, read safely, and quiet.
+
+- ``save_state`` writes through ``HashingWriter``: each rank hashes the bytes of its own files
+  as they go to disk and returns their manifest entries (sizes, XXH3-64).
+- ``load_state`` (collective) and ``load_alone`` (this process by itself: export,
+  ``init_from``, evaluation) read through ``dcp_safe`` and never unpickle anything else.
+- DCP warns on every call it makes without a process group. Rather than muting warnings, a
+  process working alone gets what DCP asks for: a one-rank gloo group of its own, made for
+  the call (a default group when there is none, else a subgroup of just this rank).
+- DCP reports failures as ``CheckpointException``, a ``BaseException``; ``failure_message``
+  turns it (or an ``OSError``) into the one line the user sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from yatrain.train.checksum import HashingStream
+from yatrain.train.dcp_safe import SafeLoadPlanner, SafeReader, UnsafeCheckpoint
+
+
+class HashingFileSystem(FileSystem):
+    """DCP's local file system, recording each written file's size and checksum by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, dict] = {}
+        self._lock = threading.Lock()  # DCP may write files from several threads
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        path = Path(path)
+        stream = HashingStream(path.open(mode))
+        try:
+            yield stream
+        finally:
+            stream.close()
+        with self._lock:
+            self.records[path.name] = stream.record()
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            if (record := self.records.pop(Path(path).name, None)) is not None:
+                self.records[Path(new_path).name] = record
+
+
+class HashingWriter(FileSystemWriter):
+    """DCP's file writer on a ``HashingFileSystem``."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.fs = HashingFileSystem()
+
+
+def save_state(state: dict, path: Path) -> dict[str, dict]:
+    """Write ``state`` to ``path`` (collective under a process group); returns the manifest
+    entries of the files this rank wrote. Raises CheckpointException or OSError."""
+    writer = HashingWriter(path)
+    with _group() as group:
+        dcp.save(state, storage_writer=writer, process_group=group)
+    return writer.fs.records
+
+
+def load_state(state: dict, path: Path) -> None:
+    """Fill ``state`` from ``path``, collective under a process group. Raises
+    UnsafeCheckpoint (before DCP starts) for metadata that is not DCP's."""
+    reader = SafeReader(path)
+    with _group() as group:
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=group)
+
+
+def load_alone(state: dict, path: Path) -> None:
+    """Fill ``state`` from ``path`` in this process only, whatever the other ranks do."""
+    reader = SafeReader(path)
+    with _group(alone=True) as group:
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=group)
+
+
+@contextlib.contextmanager
+def _group(alone: bool = False) -> Iterator[dist.ProcessGroup | None]:
+    """The process group a DCP call runs in: the job's (None), or a one-rank group of this
+    process (see the module docstring), destroyed afterwards."""
+    if dist.is_initialized() and not alone:
+        yield None
+    elif dist.is_initialized():
+        rank = dist.get_rank()
+        group = dist.new_group([rank], backend="gloo", use_local_synchronization=True)
+        try:
+            yield group
+        finally:
+            dist.destroy_process_group(group)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            yield None
+        finally:
+            dist.destroy_process_group()
+
+
+def failure_message(error: BaseException) -> str:
+    """One line for a failed DCP call: the first rank's underlying error, not DCP's dump."""
+    if isinstance(error, CheckpointException):
+        failures = getattr(error, "failures", {}) or {}
+        for rank, failure in sorted(failures.items()):
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            where = f"rank {rank}: " if len(failures) > 1 or rank != 0 else ""
+            return where + _first_line(cause)
+    return _first_line(error)
+
+
+def _first_line(error: BaseException) -> str:
+    if isinstance(error, UnsafeCheckpoint):
+        return f"it holds {error}, which could run code when loaded"
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return first[:300]
+
+
+DCP_ERRORS = (Exception, CheckpointException)  # everything a DCP call raises
