@@ -82,6 +82,10 @@ class Communicator:
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """Synchronous sum across ranks (used once per step for the gradient norm)."""
 
+    def all_reduce(self, tensor: torch.Tensor) -> Handle:
+        """Sum ``tensor`` across ranks in place, asynchronously (the replicas' gradients)."""
+        return Handle(done=True)
+
     def _wait(self, handle: Handle) -> None:
         raise NotImplementedError
 
@@ -89,6 +93,11 @@ class Communicator:
         # Ring all-gather / reduce-scatter: each rank sends (W-1)/W of the full buffer.
         nbytes = full.numel() * full.element_size()
         self.bytes_sent += nbytes * (self.world_size - 1) // self.world_size
+
+    def _count_all_reduce(self, tensor: torch.Tensor) -> None:
+        # Ring all-reduce: a reduce-scatter then an all-gather, 2 (W-1)/W of the tensor.
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += 2 * nbytes * (self.world_size - 1) // self.world_size
 
     def _own_slice(self, out: torch.Tensor) -> torch.Tensor:
         size = out.numel() // self.world_size
@@ -98,9 +107,11 @@ class Communicator:
 class GlooCommunicator(Communicator):
     """CPU: gloo's worker thread overlaps the collective with compute on this thread."""
 
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None, peers: list[list[int]] | None = None
+    ) -> None:
         super().__init__()
-        self.group = group
+        self.group, self.peers = group, peers  # peers: every group like this one (HSDP)
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
@@ -124,7 +135,11 @@ class GlooCommunicator(Communicator):
 
     def second_group(self) -> GlooCommunicator:
         """The same ranks on a process group of their own (collective: every rank calls
-        it at the same point), so another thread can issue collectives on it."""
+        it at the same point), so another thread can issue collectives on it. Shard groups
+        (``peers``) each get theirs, created in the same order on every rank."""
+        if self.peers is not None:
+            mine, _ = dist.new_subgroups_by_enumeration(self.peers, backend="gloo")
+            return GlooCommunicator(mine, self.peers)
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
         return GlooCommunicator(dist.new_group(ranks, backend="gloo"))
 
@@ -133,6 +148,10 @@ class GlooCommunicator(Communicator):
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=self.group)
+
+    def all_reduce(self, tensor: torch.Tensor) -> Handle:
+        self._count_all_reduce(tensor)
+        return Handle(work=dist.all_reduce(tensor, group=self.group, async_op=True))
 
 
 class CudaStreamCommunicator(Communicator):
@@ -184,12 +203,21 @@ class CudaStreamCommunicator(Communicator):
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=self.group)
 
+    def all_reduce(self, tensor: torch.Tensor) -> Handle:
+        self._count_all_reduce(tensor)
+        return self._on_comm_stream(lambda: dist.all_reduce(tensor, group=self.group))
+
 
 def make_communicator(
-    group: dist.ProcessGroup | None, device: torch.device, *, force_group: bool = False
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    *,
+    force_group: bool = False,
+    peers: list[list[int]] | None = None,
 ) -> Communicator:
     """Pick the implementation for this device. A single process needs no process group;
-    ``force_group`` uses the group's collectives even with one rank (tests the real path)."""
+    ``force_group`` uses the group's collectives even with one rank (tests the real path).
+    ``peers``: the ranks of every group like ``group`` (shard groups, see groups.py)."""
     initialized = dist.is_available() and dist.is_initialized()
     if force_group and not initialized:
         raise RuntimeError(
@@ -199,4 +227,4 @@ def make_communicator(
         return Communicator()
     if device.type == "cuda":
         return CudaStreamCommunicator(group, device)
-    return GlooCommunicator(group)
+    return GlooCommunicator(group, peers)

@@ -21,10 +21,13 @@ import functools
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from yatrain.sharding.buffers import Buffer, gather_buffers, grad_slots
-from yatrain.sharding.comm import Communicator, CudaStreamCommunicator, make_communicator
+from yatrain.sharding.comm import Communicator, CudaStreamCommunicator
 from yatrain.sharding.contract import InitHooks, ShardableModel, backward_reads_weights
+from yatrain.sharding.gradients import GradientFinish
+from yatrain.sharding.groups import communicators
 from yatrain.sharding.hooks import UnitSchedule
 from yatrain.sharding.layout import plan_layouts
 from yatrain.sharding.materialize import materialize_shards
@@ -33,7 +36,7 @@ from yatrain.sharding.sizes import PIECE_NUMEL, EngineBuffers, engine_buffers
 from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
 
 
-class ShardedEngine(UnitSchedule):
+class ShardedEngine(GradientFinish, UnitSchedule):
     """Owns the model's weights as flat shards and drives gathers and reductions via hooks.
 
     Build it with ``ShardedEngine.from_model``. The caller runs forward/backward as usual,
@@ -54,16 +57,21 @@ class ShardedEngine(UnitSchedule):
         reduce_dtype: torch.dtype = torch.float32,
         prefetch_depth: int = 1,
         group: dist.ProcessGroup | None = None,
+        mesh: DeviceMesh | None = None,
         force_process_group: bool = False,
         piece_numel: int = PIECE_NUMEL,
     ) -> None:
         if prefetch_depth < 1:
             raise ValueError("prefetch_depth must be at least 1")
         self.device = torch.device(device)
-        self.comm: Communicator = make_communicator(
-            group, self.device, force_group=force_process_group
+        self.mesh = mesh  # a checkpoint is sharded over it too (groups.py)
+        self.comm, self.replica_comm = communicators(
+            group, mesh, self.device, force_group=force_process_group
         )
-        self.world_size, self.rank = self.comm.world_size, self.comm.rank
+        # shard_size ranks share each unit; world_size ranks (replicas x shard group) train.
+        self.shard_size, self.rank = self.comm.world_size, self.comm.rank
+        self.replicas = self.replica_comm.world_size if self.replica_comm else 1
+        self.world_size = self.shard_size * self.replicas
         self.direct = type(self.comm) is Communicator  # one process, no group: no buffers
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.prefetch_depth, self.piece_numel = prefetch_depth, piece_numel
@@ -72,7 +80,7 @@ class ShardedEngine(UnitSchedule):
         self.reads_weights = [backward_reads_weights(unit) for unit in units]
 
         self.layouts, self.small, self.n_norm_slots = plan_layouts(
-            model, units, norms, self.world_size
+            model, units, norms, self.shard_size
         )
         self.plan = self.buffer_plan()
         self._materialize(units, norms, init)
@@ -97,7 +105,8 @@ class ShardedEngine(UnitSchedule):
         """Shard a meta-device ``model``: each rank materialises one unit at a time, fills
         it (``init``, default: the model's own initialisation from ``seed``) and keeps only
         its shard. ``options``: ``param_dtype``, ``reduce_dtype``, ``prefetch_depth``,
-        ``group``, ``force_process_group`` (use the process group's collectives and the
+        ``group`` (full sharding over it) or ``mesh`` (2-D: replicas x shard group, see
+        groups.py), ``force_process_group`` (use the process group's collectives and the
         buffers even with one rank, as with many: how one GPU tests the real path),
         ``piece_numel`` (elements per rank of one reduce-scatter piece, ``sizes.py``)."""
         return cls(model, init or InitHooks.from_seed(model, seed), device=device, **options)
@@ -108,7 +117,7 @@ class ShardedEngine(UnitSchedule):
             [layout.numel for layout in self.layouts],
             [len(layout.slots) == 1 for layout in self.layouts],
             self.small.numel,
-            world_size=self.world_size,
+            world_size=self.shard_size,
             param_dtype=self.param_dtype,
             reduce_dtype=self.reduce_dtype,
             prefetch_depth=self.prefetch_depth,
@@ -207,44 +216,8 @@ class ShardedEngine(UnitSchedule):
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
         self._reduce_small()
+        self._reduce_replicas()
         self._grad_scale = 1.0 / (self.world_size * max(self.micro_batches, 1))
-
-    def _reduce_small(self) -> None:
-        grad = self.small_param.grad
-        if self.direct:
-            if self.small_grad is not grad:
-                grad.copy_(self.small_grad)
-            return
-        full = self.small_grad.to(self.reduce_dtype)
-        if self.small_out is None:  # fp32: straight into the shard
-            self.comm.wait(self.comm.reduce_scatter(grad, full))
-        else:
-            self.comm.wait(self.comm.reduce_scatter(self.small_out, full))
-            grad.copy_(self.small_out)
-
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Average the gradients (see ``reduce_gradients``) and return their exact global L2
-        norm across all shards (one all-reduce); clip to ``max_norm`` when it is > 0. One
-        pass over the gradient shard scales by both factors."""
-        scale = self._grad_scale if self._grad_scale is not None else 1.0
-        self._grad_scale = None
-        grads = [p.grad for p in self.unit_params] + [self.small_param.grad]
-        # vector_norm reduces in place: no temporary the size of a gradient shard.
-        norms = self._norms
-        for index, grad in enumerate(grads):
-            torch.linalg.vector_norm(grad, out=norms[index])
-        squares = torch.dot(norms, norms)
-        self.comm.all_reduce_sum(squares)
-        norm = squares.sqrt() * scale
-        factor = None
-        if max_norm > 0:
-            factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0) * scale
-        elif scale != 1.0:
-            factor = scale
-        if factor is not None:
-            for g in grads:
-                g.mul_(factor)
-        return norm
 
     def after_step(self) -> None:
         """Free the gradient shard, refresh a bf16 copy of the weights, mark buffers stale."""
@@ -306,9 +279,19 @@ class ShardedEngine(UnitSchedule):
     @property
     def bytes_sent(self) -> int:
         """Bytes this rank sent in the engine's collectives (ring accounting, comm.py)."""
+        return self.bytes_sent_intra + self.bytes_sent_cross
+
+    @property
+    def bytes_sent_intra(self) -> int:
+        """Sent within the shard group: gathers, reduce-scatters, the norm's all-reduce."""
         reducer = self.reducer
         extra = reducer.comm.bytes_sent if reducer and reducer.comm is not self.comm else 0
         return self.comm.bytes_sent + extra
+
+    @property
+    def bytes_sent_cross(self) -> int:
+        """Sent across shard groups: the replicas' gradient all-reduce (0 without HSDP)."""
+        return self.replica_comm.bytes_sent if self.replica_comm else 0
 
     # ------------------------------------------------------------------ full weights
     @torch.no_grad()

@@ -1,0 +1,58 @@
+"""Which ranks shard a unit between them and which hold copies of it (hybrid sharding).
+
+Full sharding: every rank holds 1/W of every unit; the engine runs on one process group
+(the whole world, or the one it is given). Hybrid sharding (HSDP): ranks form contiguous
+shard groups of G (``[0..G-1], [G..2G-1], ...``; with G = GPUs per node, one group per
+node), each unit is sharded, gathered and reduce-scattered within its group only, and the
+groups are replicas of each other: rank i of every group holds the same shard. Once per step
+the accumulated fp32 gradient shards are all-reduced across replicas (rank i of each group),
+so only 1/G of the gradient crosses between groups.
+
+The layout is a 2-D ``DeviceMesh`` (dim 0: replicas, dim 1: the shard group), built with
+``hybrid_mesh`` by every rank in the same order (``init_device_mesh`` is collective). A
+checkpoint is sharded over the same mesh (``Replicate`` on dim 0, ``Shard(0)`` on dim 1):
+each shard keeps its global offset, so a checkpoint does not depend on the layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from yatrain.sharding.comm import Communicator, make_communicator
+
+REPLICATE, SHARD = "replicate", "shard"  # the mesh's dimension names
+
+
+def hybrid_mesh(device_type: str, shard_group_size: int) -> DeviceMesh:
+    """The (replicas, shard group) mesh over the whole world; collective."""
+    world = dist.get_world_size()
+    if shard_group_size < 1 or world % shard_group_size:
+        raise ValueError(f"world size {world} is not a multiple of shard group {shard_group_size}")
+    shape = (world // shard_group_size, shard_group_size)
+    return init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE, SHARD))
+
+
+def communicators(
+    group: dist.ProcessGroup | None,
+    mesh: DeviceMesh | None,
+    device: torch.device,
+    *,
+    force_group: bool,
+) -> tuple[Communicator, Communicator | None]:
+    """(the shard group's communicator, the replicas' or None) for a process ``group`` or a
+    ``mesh`` (1-D: full sharding over it; 2-D: replicas x shard group)."""
+    if mesh is None:
+        return make_communicator(group, device, force_group=force_group), None
+    if group is not None:
+        raise ValueError("pass a process group or a device mesh, not both")
+    if mesh.ndim == 1:
+        return make_communicator(mesh.get_group(), device, force_group=force_group), None
+    if mesh.ndim != 2:
+        raise ValueError(f"the engine takes a 1-D or 2-D device mesh, got {mesh.ndim}-D")
+    peers = [row.tolist() for row in mesh.mesh]  # every shard group: for groups of their own
+    shard = make_communicator(mesh.get_group(1), device, force_group=force_group, peers=peers)
+    replicas = mesh.size(0)
+    replica = make_communicator(mesh.get_group(0), device) if replicas > 1 else None
+    return shard, replica
