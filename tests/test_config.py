@@ -12,9 +12,9 @@ from yatrain.config import (
     load_recipe,
     recipe_from_dict,
     recipe_to_dict,
-    validate_world_size,
 )
 from yatrain.errors import ConfigError
+from yatrain.topology import validate_world_size
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
 TINY = Path(__file__).parent.parent / "recipes" / "tiny.yaml"

@@ -77,7 +77,7 @@ class DataConfig:
     restart_positions: bool = False  # with document_mask: positions restart at 0 per document
 
     def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-batches each rank runs per optimizer step (call validate_world_size first)."""
+        """Micro-batches each rank runs per optimizer step (see topology.validate_world_size)."""
         return self.global_batch_size // (self.micro_batch_size * world_size)
 
 
@@ -127,6 +127,9 @@ class ShardingConfig:
     # true: one process also runs the multi-rank path in a one-rank group (checks it on one
     # GPU; same results as its direct path, slower).
     force_process_group: bool = False
+    # Hybrid sharding: shard each layer within groups of N ranks, replicate across groups
+    # (N = GPUs per node; "auto" = torchrun's local world size); None = the whole world.
+    shard_group_size: int | Literal["auto"] | None = _limit(None, ge=1)
 
 
 @dataclass(kw_only=True)
@@ -321,22 +324,6 @@ def _check_sources(data: DataConfig) -> None:
             "'data.restart_positions' needs 'data.document_mask: true' (positions restart "
             "where attention stops at a document boundary)"
         )
-
-
-def validate_world_size(recipe: Recipe, world_size: int) -> None:
-    """Check the global batch splits evenly into micro-batches across world_size ranks."""
-    data = recipe.data
-    per_step = data.micro_batch_size * world_size
-    if data.global_batch_size % per_step == 0:
-        return
-    lower = data.global_batch_size // per_step * per_step
-    valid = [lower, lower + per_step] if lower else [per_step, 2 * per_step]
-    raise ConfigError(
-        f"'data.global_batch_size' ({data.global_batch_size}) is not divisible by "
-        f"data.micro_batch_size ({data.micro_batch_size}) x world size ({world_size}) = "
-        f"{per_step}; set it to a multiple of {per_step} such as "
-        f"{' or '.join(map(str, valid))}, or change data.micro_batch_size"
-    )
 
 
 def check_vocab(recipe: Recipe, tokenizer_vocab_size: int) -> None:

@@ -105,7 +105,8 @@ def _coerce(key: str, v: Any, tp: Any) -> Any:
         raise ConfigError(f"'{key}' must be {words}, got {_show(v)}")
     if args and type(None) in args:  # Optional[X]: None, or an X
         inner = [a for a in args if a is not type(None)]
-        return None if v is None else _coerce(key, v, inner[0])
+        member = inner[0] if len(inner) == 1 else typing.Union[tuple(inner)]  # noqa: UP007
+        return None if v is None else _coerce(key, v, member)
     if tp is int:
         if isinstance(v, int) and not isinstance(v, bool):
             return v

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim import Optimizer
 
 from yatrain import __version__
@@ -54,11 +54,14 @@ from yatrain.train.runtime import Runtime
 
 
 def _for_dcp(view: ShardView, mesh: DeviceMesh | None) -> torch.Tensor:
-    """A rank's piece as DCP sees it: a dim-0 sharded DTensor, or the whole tensor alone."""
+    """A rank's piece as DCP sees it: a dim-0 sharded DTensor (under hybrid sharding,
+    replicated across the mesh's first dimension: DCP writes each piece once), or the whole
+    tensor alone. Pieces keep their global offsets, so any layout loads any checkpoint."""
     if mesh is None:
         return view.local
     shape = torch.Size([view.numel])
-    return DTensor.from_local(view.local, mesh, [Shard(0)], run_check=False, shape=shape,
+    placements = [Shard(0)] if mesh.ndim == 1 else [Replicate(), Shard(0)]
+    return DTensor.from_local(view.local, mesh, placements, run_check=False, shape=shape,
                               stride=(1,))  # fmt: skip
 
 
@@ -265,10 +268,13 @@ def iter_full_weights(checkpoint: SavedCheckpoint) -> Iterator[tuple[str, torch.
         yield from read_weights(checkpoint, entry).items()
 
 
-def dcp_mesh(runtime: Runtime) -> DeviceMesh | None:
-    """The one-dimensional mesh DCP shards over; None in a single process."""
+def dcp_mesh(runtime: Runtime, engine: ShardedEngine | None = None) -> DeviceMesh | None:
+    """The mesh DCP shards over: the engine's (hybrid sharding), else one dimension over
+    the world; None in a single process."""
     if not runtime.distributed:
         return None
+    if engine is not None and engine.mesh is not None:
+        return engine.mesh
     return init_device_mesh(runtime.device.type, (runtime.world_size,))
 
 

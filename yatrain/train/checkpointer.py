@@ -57,7 +57,7 @@ class Checkpointer:
             "recipe": recipe_to_dict(recipe),  # for `yatrain eval`: its data, batches, dtype
             "dtype": recipe.train.dtype,
         }
-        self.mesh = dcp_mesh(runtime)
+        self.mesh = dcp_mesh(runtime, engine)
         self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
         self.stale: list[Path] = remove_stale_saves(root) if runtime.is_main else []
 

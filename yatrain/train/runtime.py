@@ -28,6 +28,11 @@ class Runtime:
         return self.rank == 0
 
     @property
+    def local_world_size(self) -> int:
+        """Ranks on this node (torchrun's LOCAL_WORLD_SIZE); all of them without torchrun."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+
+    @property
     def distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized()
 

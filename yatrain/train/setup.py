@@ -16,13 +16,14 @@ import torch
 from torch import nn
 
 from yatrain.common import DTYPES
-from yatrain.config import Recipe, check_vocab, validate_world_size
+from yatrain.config import Recipe, check_vocab
 from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
-from yatrain.sharding import InitHooks, ShardedEngine
+from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
+from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
@@ -80,6 +81,7 @@ def setup(
 ) -> Run:  # fmt: skip
     """Build the run (see the module docstring); collective under torchrun."""
     validate_world_size(recipe, runtime.world_size)
+    group = shard_group_size(recipe, runtime.world_size, runtime.local_world_size)
     loggers = Loggers(runtime, progress)
     layers = checkpoint_layers(recipe, runtime, loggers)
     if checks.fit:
@@ -92,7 +94,7 @@ def setup(
     check_fresh_start_allowed(run_dir, resume)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     try:
-        model, engine = build_engine(recipe, runtime, layers, checks.verify)
+        model, engine = build_engine(recipe, runtime, layers, checks.verify, group)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
         checkpointer = Checkpointer(recipe, run_dir / recipe.checkpoint.dir, engine, optimizer,
                                     loader, runtime, verify=checks.verify)  # fmt: skip
@@ -104,8 +106,8 @@ def setup(
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
         loggers.say(
-            f"run dir {run_dir} | {where} | world size {runtime.world_size} | device "
-            f"{runtime.device} | wandb {loggers.wandb_mode} | peak FLOP/s "
+            f"run dir {run_dir} | {where} | world size {runtime.world_size}{_layout(engine)} | "
+            f"device {runtime.device} | wandb {loggers.wandb_mode} | peak FLOP/s "
             f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
         )
         loggers.say(loader.describe(recipe.train.steps))
@@ -119,6 +121,13 @@ def setup(
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
                meter, profiler, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
+
+
+def _layout(engine: ShardedEngine) -> str:
+    """How the world is laid out, when it is not one shard group."""
+    if engine.replicas == 1:
+        return ""
+    return f" ({engine.replicas} replicas of shard groups of {engine.shard_size})"
 
 
 def claim_run_dir(
@@ -164,17 +173,18 @@ def checkpoint_layers(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> int
 
 
 def build_engine(
-    recipe: Recipe, runtime: Runtime, layers: int, verify: bool = True
+    recipe: Recipe, runtime: Runtime, layers: int, verify: bool = True, group: int | None = None
 ) -> tuple[nn.Module, ShardedEngine]:
     """The model on the meta device (``layers`` of its decoder layers checkpointed), sharded
     by the engine as each rank materialises it (from ``train.init_from`` when set, else from
-    the seed)."""
+    the seed) over the whole world, or within shard groups of ``group`` ranks (HSDP)."""
     model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
     init = InitHooks.from_seed(model, recipe.train.seed)
     if recipe.train.init_from is not None:
         source = Path(recipe.train.init_from)
         verify = verify_init_source(source, runtime, recipe.model, verify)
         init = init_from_source(source, recipe.model, model, verify=verify)
+    hybrid = group is not None and group < runtime.world_size
     engine = ShardedEngine.from_model(
         model,
         device=runtime.device,
@@ -183,5 +193,6 @@ def build_engine(
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         prefetch_depth=recipe.sharding.prefetch_depth,
         force_process_group=recipe.sharding.force_process_group,
+        mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
     )
     return model, engine
