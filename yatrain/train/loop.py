@@ -151,8 +151,9 @@ def log(
     """Close the metrics window at this step (collective), log its record (with the
     evaluation's figures at an evaluation step), open the next."""
     val = evaluation.record_fields() if evaluation is not None else None
-    record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr,
-                              run.engine.bytes_sent, run.skipped_steps, val)  # fmt: skip
+    sent = (run.engine.bytes_sent_intra, run.engine.bytes_sent_cross)
+    record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr, sent,
+                              run.skipped_steps, val)  # fmt: skip
     run.loggers.log(record)
     run.meter.open_window()  # logging is not step time
 

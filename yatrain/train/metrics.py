@@ -174,7 +174,7 @@ class StepMeter:
         self.window_start += seconds
 
     def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-               bytes_sent: int, skipped_steps: int, val: dict | None = None,
+               bytes_sent: tuple[int, int], skipped_steps: int, val: dict | None = None,
                ) -> MetricsRecord:  # fmt: skip
         """The record of the window that ends at ``step``, with an evaluation's fields
         ``val`` at evaluation steps; collective (averages the loss over ranks). The caller

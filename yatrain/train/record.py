@@ -36,12 +36,16 @@ class MetricsRecord:
     mfu: float
     peak_memory_bytes: int | None  # None where the platform offers no reading
     data_wait_frac: float  # share of the window spent waiting for batches
-    comm_bytes_sent: int  # bytes this rank sent in collectives so far
+    comm_bytes_sent: int  # bytes this rank sent in collectives so far (the two below)
     skipped_steps: int  # non-finite steps skipped so far
     # Peak bytes of live tensors in the window (what the planner predicts): the CUDA
     # allocator's figure on GPU; on CPU the live-tensor tracker's, on the one step it
     # watched (None on other records).
     peak_tensor_bytes: int | None = None
+    # Of comm_bytes_sent: within this rank's shard group, and across groups (hybrid sharding's
+    # gradient all-reduce between replicas; 0 under full sharding).
+    comm_bytes_sent_intra: int = 0
+    comm_bytes_sent_cross: int = 0
     val_loss: float | None = None  # held-out loss, at evaluation steps only
     val_ppl: float | None = None  # exp(val_loss)
     val_tokens: int | None = None  # predicted tokens the evaluation covered
@@ -51,11 +55,13 @@ class MetricsRecord:
     def measure(
         cls, *, step: int, loss: float, lr: float, grad_norm: float, tokens_per_step: int,
         window_s: float, window_steps: int, world_size: int, flops_per_token: float,
-        peak_flops: float, peak_memory: int | None, data_wait_s: float, bytes_sent: int,
+        peak_flops: float, peak_memory: int | None, data_wait_s: float,
+        bytes_sent: tuple[int, int],
         skipped_steps: int, peak_tensors: int | None = None, val: dict | None = None,
     ) -> MetricsRecord:  # fmt: skip
         """The record of a window of ``window_steps`` steps that took ``window_s`` seconds;
-        ``val``: an evaluation's fields (``Evaluation.record_fields``)."""
+        ``val``: an evaluation's fields (``Evaluation.record_fields``); ``bytes_sent``:
+        (within the shard group, across groups) so far."""
         tokens_per_s = window_steps * tokens_per_step / window_s
         per_device = tokens_per_s / world_size
         return cls(
@@ -71,9 +77,11 @@ class MetricsRecord:
             mfu=per_device * flops_per_token / peak_flops,
             peak_memory_bytes=peak_memory,
             data_wait_frac=data_wait_s / window_s,
-            comm_bytes_sent=bytes_sent,
+            comm_bytes_sent=sum(bytes_sent),
             skipped_steps=skipped_steps,
             peak_tensor_bytes=peak_tensors,
+            comm_bytes_sent_intra=bytes_sent[0],
+            comm_bytes_sent_cross=bytes_sent[1],
             **(val or {}),
         )
 

@@ -12,8 +12,16 @@ def log_line(r: MetricsRecord) -> str:
         f"gnorm {r.grad_norm:.3f} | "
         f"{r.step_time_s:.3f}s/step | {r.tokens_per_s_per_device:,.0f} tok/s/dev | "
         f"{r.tflops_per_device:.2f} TFLOP/s | MFU {r.mfu:.1%} | "
-        f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}"
+        f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}{comm_text(r)}"
     )
+
+
+def comm_text(r: MetricsRecord) -> str:
+    """Under hybrid sharding, what this rank has sent within its group and across groups."""
+    if not r.comm_bytes_sent_cross:
+        return ""
+    intra, cross = r.comm_bytes_sent_intra, r.comm_bytes_sent_cross
+    return f" | sent {format_bytes(intra)} in group, {format_bytes(cross)} across"
 
 
 def val_text(r: MetricsRecord) -> str:
