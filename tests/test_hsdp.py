@@ -10,6 +10,7 @@ clipping and activation checkpointing.
 from __future__ import annotations
 
 import pytest
+import torch
 from distributed import run_ranks
 from test_engine import (
     CFG,
@@ -26,6 +27,7 @@ from test_engine import (
 
 from yatrain.models.llama import build_model
 from yatrain.sharding.groups import hybrid_mesh
+from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step
 
 
@@ -71,17 +73,30 @@ def _one_step_traffic(rank, world, group_size):
     shard_bytes = 4 * (engine.master.numel() + engine.small_master.numel())
     intra = engine.bytes_sent_intra - before[0]
     cross = engine.bytes_sent_cross - before[1]
-    return intra, cross, shard_bytes, engine.bytes_sent
+    planned = step_traffic(
+        [layout.numel for layout in engine.layouts], engine.reads_weights, engine.small.numel,
+        shard_size=engine.shard_size, replicas=engine.replicas, param_dtype=torch.float32,
+        reduce_dtype=torch.float32, micro_batches=1,
+    )  # fmt: skip
+    # what the engine skips: units still resident from the forward are not gathered again
+    resident = sum(4 * layout.padded_numel for layout in engine.layouts[-2:])
+    resident = resident * (engine.shard_size - 1) // engine.shard_size
+    return intra, cross, shard_bytes, engine.bytes_sent, planned, resident
 
 
 def test_traffic_splits_into_intra_and_cross_group_bytes():
     """2 x 2: the replicas send each rank's fp32 gradient shard once (ring all-reduce over
     2 ranks: 2 x (2-1)/2 = 1 x the shard), the groups gather and reduce within; full
-    sharding at 4 sends nothing across groups."""
+    sharding at 4 sends nothing across groups. The planner's formula (``step_traffic``)
+    gives the cross-group bytes exactly and the in-group bytes as an upper bound that is off
+    only by the re-gathers the engine skips (the last two units, resident after forward)."""
     hybrid = run_ranks(4, _one_step_traffic, 2)
     full = run_ranks(4, _one_step_traffic, None)
-    for intra, cross, shard_bytes, total in hybrid:
-        assert cross == shard_bytes
-        assert intra > 0 and total == intra + cross
-    for intra, cross, _, total in full:
-        assert cross == 0 and total == intra > hybrid[0][0]
+    for intra, cross, _, total, planned, resident in hybrid + full:
+        assert total == intra + cross
+        assert cross == planned.cross
+        assert planned.intra - resident == intra
+    for intra, cross, shard_bytes, _, _, _ in hybrid:
+        assert cross == shard_bytes and intra > 0
+    for intra, cross, _, _, _, _ in full:
+        assert cross == 0 and intra > hybrid[0][0]

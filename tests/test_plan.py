@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from yatrain.cli import app
 from yatrain.common import DTYPES, GIB
 from yatrain.config import load_recipe, recipe_from_dict
+from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.plan import (
     LiveTensorTracker,
@@ -25,7 +26,7 @@ from yatrain.plan import (
     plan_memory,
     resolve_auto_checkpoint_layers,
 )
-from yatrain.sharding import ShardedEngine
+from yatrain.sharding import ShardedEngine, hybrid_mesh
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
 
@@ -178,9 +179,9 @@ def _warm_tracker():
         torch.zeros(1) + 1
 
 
-def _measure(rank, world, rec):
+def _measure(rank, world, rec, group=None):
     """Resident bytes before a forward and the peak above them, on the second step (the
-    first one creates the optimizer state)."""
+    first one creates the optimizer state); ``group``: hybrid sharding in groups of it."""
     m, micro, seq = rec.model, rec.data.micro_batch_size, rec.data.seq_len
     gen = torch.Generator().manual_seed(rank)
     tokens = torch.randint(0, m.vocab_size, (2, micro, seq + 1), generator=gen)
@@ -189,6 +190,7 @@ def _measure(rank, world, rec):
         engine = ShardedEngine.from_model(
             model, device="cpu", param_dtype=DTYPES[rec.train.dtype],
             reduce_dtype=DTYPES[rec.sharding.reduce_dtype],
+            mesh=hybrid_mesh("cpu", group) if group else None,
         )  # fmt: skip
         optimizer = build_optimizer(engine.param_groups(0.1), rec.optim)
         for step in tokens:  # the loop's step
@@ -212,6 +214,22 @@ def test_planner_matches_measured_memory(world, dtype, layers):
     assert planned_resident == pytest.approx(resident, rel=tolerance)
     assert planned_step == pytest.approx(step_peak, rel=tolerance)
     assert planned_total == pytest.approx(resident + step_peak, rel=tolerance)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_planner_matches_measured_memory_under_hybrid_sharding(dtype):
+    """2 x 2: the state is sharded over the group of 2, not the world of 4."""
+    layers = SMALL["n_layers"]
+    rec = small_recipe(dtype, layers)
+    rec.sharding.shard_group_size = 2
+    resident, step_peak = run_ranks(4, _measure, rec, 2)[0]
+    planned_resident, planned_step, planned_total = planned(rec, 4, layers)
+    assert planned_resident == pytest.approx(resident, rel=PLANNER_TOLERANCE)
+    assert planned_step == pytest.approx(step_peak, rel=PLANNER_TOLERANCE)
+    assert planned_total == pytest.approx(resident + step_peak, rel=PLANNER_TOLERANCE)
+    full_at_2 = plan_for_layers(small_recipe(dtype, layers), 2, layers, None, 0)
+    assert planned_resident == planned(small_recipe(dtype, layers), 2, layers)[0]
+    assert full_at_2.shard_group_size == 2
 
 
 def planned(rec, world: int, layers: int) -> tuple[int, int, int]:
@@ -249,6 +267,32 @@ def test_plan_command_text_and_json():
     assert payload.keys() >= {"activation_checkpoint_layers", "peak_bytes_per_gpu", "fits"}
     assert payload["breakdown"]["runtime_allowance"] == 3 * GIB
     assert payload["peak_bytes_per_gpu"] == sum(payload["breakdown"].values())
+
+
+def test_plan_command_compares_full_and_hybrid_sharding():
+    """--shard-group-size 8 at 256 GPUs: state over 8 GPUs, and the per-step bytes of both
+    layouts (docs/planner.md holds this table for Llama 3 70B)."""
+    args = ["plan", str(ROOT / "recipes/llama3_70b.yaml"), "--gpus", "256", "--gpu-memory", "80",
+            "--set", "data.seq_len=2048", "--set", "data.micro_batch_size=1"]  # fmt: skip
+    text = CliRunner().invoke(app, [*args, "--shard-group-size", "8"])
+    assert text.exit_code == 0, text.output
+    assert "256 GPUs as 32 replicas of shard groups of 8" in text.output
+    assert "needs shard groups of at least 17 GPUs (shard_group_size 32" in text.output
+    assert "hybrid, groups of 8" in text.output
+    hybrid = json.loads(
+        CliRunner().invoke(app, [*args, "--shard-group-size", "8", "--json"]).stdout
+    )
+    full = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert hybrid["shard_group_size"] == 8 and full["shard_group_size"] == 256
+    assert hybrid["breakdown"]["master_weights"] == 32 * full["breakdown"]["master_weights"]
+    assert full["traffic"].keys() == {"full"} and full["traffic"]["full"]["cross"] == 0
+    assert hybrid["traffic"]["full"] == full["traffic"]["full"]
+    sent = hybrid["traffic"]["hybrid"]
+    assert 0 < sent["cross"] < sent["intra"] < full["traffic"]["full"]["intra"]
+    for value, message in [("3", r"does not divide the world size \(256\)"), ("auto", "pass")]:
+        with pytest.raises(ConfigError, match=message):
+            CliRunner().invoke(app, [*args, "--set", f"sharding.shard_group_size={value}"],
+                               catch_exceptions=False)  # fmt: skip
 
 
 if __name__ == "__main__":  # python tests/test_plan.py: the accuracy table in docs/planner.md

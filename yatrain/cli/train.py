@@ -74,6 +74,7 @@ def pretrain(
     epilog=(
         "Examples:\n\n"
         "  yatrain plan recipes/llama3_70b.yaml --gpus 256 --set data.seq_len=2048\n\n"
+        "  yatrain plan recipes/llama3_70b.yaml --gpus 256 --shard-group-size 8\n\n"
         "  yatrain plan recipes/llama3_8b.yaml --gpus 8 --gpu-memory 80 --json"
     )
 )
@@ -93,9 +94,23 @@ def plan(
         [], "--set", help="Override a recipe key: --set data.seq_len=2048 (value parsed as YAML)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
+    shard_group_size: int | None = typer.Option(
+        None,
+        "--shard-group-size",
+        min=1,
+        help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
+    ),  # fmt: skip
 ) -> None:
-    """Per-GPU memory of a recipe and the fewest checkpointed layers that fit."""
+    """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
+    each GPU sends per step (full against hybrid sharding)."""
+    if shard_group_size is not None:
+        overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
     loaded = load_recipe(recipe, overrides)
+    if loaded.sharding.shard_group_size == "auto":
+        raise ConfigError(
+            "'sharding.shard_group_size: auto' is the GPUs per node, which yatrain plan cannot "
+            "see here; pass --shard-group-size N"
+        )
     limit, source = memory_limit(loaded, local_device(), gpu_memory, ASSUMED_GPU_GIB)
     allowance = None if runtime_allowance is None else int(runtime_allowance * GIB)
     result = plan_memory(loaded, gpus, limit, allowance)

@@ -79,6 +79,8 @@ def _fix(recipe: Recipe, world_size: int, have: int, allowance: int | None) -> s
             f"set sharding.activation_checkpoint_layers={best.activation_checkpoint_layers} "
             "(or auto)"
         )
+    if best.min_gpus is not None and best.shard_group_size < world_size:
+        return f"use sharding.shard_group_size of at least {best.min_gpus} (or unset it)"
     if best.min_gpus is not None:
         return f"use at least {best.min_gpus} devices with all layers checkpointed"
     return "lower data.micro_batch_size or data.seq_len (no device count helps)"

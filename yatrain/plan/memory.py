@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import build_model, flops_per_token
+from yatrain.plan.layout import planned_group, traffic_table
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers
 
@@ -228,8 +229,10 @@ class MemoryPlan:
     breakdown: dict[str, int]
     full_layer_bytes: int
     checkpointed_layer_bytes: int
-    min_gpus: int | None = None  # when nothing fits: the smallest GPU count that does
+    min_gpus: int | None = None  # when nothing fits: the smallest GPU count (group) that does
     recipe_setting: dict = field(default_factory=dict)
+    shard_group_size: int = 0  # the state is sharded over this many GPUs (HSDP: < world)
+    traffic: dict = field(default_factory=dict)  # per-step bytes per GPU (layout.py)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -243,15 +246,16 @@ def plan_for_layers(
     m, s, data, dtype = recipe.model, recipe.sharding, recipe.data, recipe.train.dtype
     if runtime_allowance_bytes is None:
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
-    direct = world_size == 1 and not s.force_process_group
-    state = engine_state_bytes(m, world_size, dtype, s.reduce_dtype, s.prefetch_depth, direct)
+    group = planned_group(recipe, world_size)  # the state is sharded over the shard group
+    direct = group == 1 and not s.force_process_group
+    state = engine_state_bytes(m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct)
     acts = ActivationSizes.of(
         m, data.seq_len, data.micro_batch_size, dtype, recipe.train.loss_chunk_tokens
     )
     accumulating = data.global_batch_size > data.micro_batch_size * world_size
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(
-        acts, m.n_layers, checkpointed, GradientShards.of(m, world_size), accumulating, direct
+        acts, m.n_layers, checkpointed, GradientShards.of(m, group), accumulating, direct
     )
     breakdown = {**state, "batch_and_rope": acts.batch, **parts}
     tensor_peak = sum(breakdown.values())
@@ -274,6 +278,7 @@ def plan_for_layers(
         breakdown=breakdown,
         full_layer_bytes=acts.full_layer,
         checkpointed_layer_bytes=acts.checkpointed_layer,
+        shard_group_size=group,
     )
 
 
@@ -281,8 +286,11 @@ def min_gpus_to_fit(
     recipe: Recipe, world_size: int, gpu_memory_bytes: int, runtime_allowance_bytes: int | None
 ) -> int | None:
     """Smallest GPU count >= world_size at which all layers checkpointed fit; None if the
-    unsharded part (buffers, activations, allowance) alone is too big for any count."""
+    unsharded part (buffers, activations, allowance) alone is too big for any count. Under
+    hybrid sharding more replicas do not help: this is the shard group it would take."""
     n = recipe.model.n_layers
+    sharding = dataclasses.replace(recipe.sharding, shard_group_size=None)
+    recipe = dataclasses.replace(recipe, sharding=sharding)
 
     def fits(world: int) -> bool:
         plan = plan_for_layers(recipe, world, n, gpu_memory_bytes, runtime_allowance_bytes)
@@ -326,7 +334,8 @@ def plan_memory(
         )
         if plan is None:
             plan = plan_for_layers(recipe, world_size, n, *args)
-            plan.min_gpus = min_gpus_to_fit(recipe, world_size, *args)
+            plan.min_gpus = min_gpus_to_fit(recipe, plan.shard_group_size, *args)
+    plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size)
     plan.recipe_setting = {
         "activation_checkpoint_layers": setting,
         "peak_bytes_per_gpu": recipe_plan.peak_bytes_per_gpu,

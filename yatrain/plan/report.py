@@ -38,7 +38,7 @@ def explain(plan: MemoryPlan) -> str:
         return f"{k} of {n} layers checkpointed: {peak} (no memory limit given)"
     if not plan.fits:
         need = (
-            f"needs at least {plan.min_gpus} GPUs"
+            f"needs {_group_words(plan)}at least {plan.min_gpus} GPUs{_divisor(plan)}"
             if plan.min_gpus
             else "no GPU count helps: lower data.micro_batch_size or data.seq_len"
         )
@@ -52,6 +52,42 @@ def explain(plan: MemoryPlan) -> str:
     )
 
 
+def _group_words(plan: MemoryPlan) -> str:
+    return "shard groups of " if plan.shard_group_size < plan.world_size else ""
+
+
+def _divisor(plan: MemoryPlan) -> str:
+    """Under hybrid sharding, the smallest group of at least ``min_gpus`` that divides the
+    world (a group must)."""
+    world = plan.world_size
+    if plan.shard_group_size == world or not plan.min_gpus or plan.min_gpus > world:
+        return ""
+    size = next(d for d in range(plan.min_gpus, world + 1) if world % d == 0)
+    return f" (shard_group_size {size} at {world} GPUs)"
+
+
+def layout_words(plan: MemoryPlan) -> str:
+    """``256 GPUs`` or ``256 GPUs as 32 replicas of shard groups of 8``."""
+    group, world = plan.shard_group_size, plan.world_size
+    hybrid = f" as {world // group} replicas of shard groups of {group}" if group < world else ""
+    return f"{world} GPUs{hybrid}"
+
+
+def traffic_lines(plan: MemoryPlan) -> list[str]:
+    """The per-step traffic table: full sharding against the recipe's hybrid layout."""
+    rows = {"full": f"full sharding over {plan.world_size}",
+            "hybrid": f"hybrid, groups of {plan.shard_group_size}"}  # fmt: skip
+    lines = ["per-step bytes sent per GPU (ring accounting; every backward re-gather counted):",
+             f"  {'layout':<30} {'within groups':>14} {'across groups':>14}"]  # fmt: skip
+    for name, sent in plan.traffic.items():
+        lines.append(f"  {rows[name]:<30} {_gib(sent['intra']):>10} GiB "
+                     f"{_gib(sent['cross']):>10} GiB")  # fmt: skip
+    if "hybrid" not in plan.traffic:
+        lines.append("  (full sharding: every collective spans all GPUs; "
+                     "--shard-group-size N compares hybrid sharding)")  # fmt: skip
+    return lines
+
+
 def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str) -> str:
     """The human-readable report of ``yatrain plan``."""
     k, n = plan.activation_checkpoint_layers, plan.n_layers
@@ -59,7 +95,7 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
     head = (
         f"{recipe_path.name}: {params:.2f}B parameters, {n} layers | seq {plan.seq_len} x "
         f"micro-batch {plan.micro_batch_size} | {plan.dtype} weights, "
-        f"{recipe.sharding.reduce_dtype} reduce\n{plan.world_size} GPUs x "
+        f"{recipe.sharding.reduce_dtype} reduce\n{layout_words(plan)} x "
         f"{_gib(plan.gpu_memory_bytes)} GiB ({source})"
     )
     moment = plan.peak_moment
@@ -93,4 +129,4 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
             f"recipe: activation_checkpoint_layers {own['activation_checkpoint_layers']} -> "
             f"peak {format_bytes(own['peak_bytes_per_gpu'], 'GiB')} ({state})"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, *traffic_lines(plan)])

@@ -1,0 +1,62 @@
+"""How a plan lays its GPUs out (the shard group) and what each GPU sends per step.
+
+Hybrid sharding (``sharding.shard_group_size``) shards the state over the group, not the
+world: the memory model plans for a shard group of G ranks, and the traffic table compares
+full sharding over the world with G-rank groups replicated world / G times. The bytes come
+from ``sharding.traffic.step_traffic`` over the layouts of a meta-device model (the
+engine's own functions): the model owns its shapes, the engine its schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from yatrain.common import DTYPES
+from yatrain.config import ModelConfig, Recipe
+from yatrain.models.llama import build_model
+from yatrain.sharding.contract import backward_reads_weights
+from yatrain.sharding.layout import plan_layouts
+from yatrain.sharding.traffic import StepTraffic, step_traffic
+from yatrain.topology import shard_group_size
+
+
+def planned_group(recipe: Recipe, world_size: int) -> int:
+    """The shard group a run of this recipe on ``world_size`` GPUs uses ("auto": this
+    node's ranks, LOCAL_WORLD_SIZE under torchrun); one line if it does not divide."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return shard_group_size(recipe, world_size, local)
+
+
+@functools.lru_cache(maxsize=64)
+def _units(model_items: tuple) -> tuple[list[int], list[bool], int]:
+    """Each unit's flat length and whether its backward reads its weights, and the norm
+    group's length, as the engine lays them out."""
+    model = build_model(ModelConfig(**dict(model_items)))  # meta device: shapes only
+    units = model.units()
+    layouts, small, _ = plan_layouts(model, units, model.norm_modules(), 1)
+    reads = [backward_reads_weights(unit) for unit in units]
+    return [layout.numel for layout in layouts], reads, small.numel
+
+
+def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
+    """Bytes one GPU sends per step with shard groups of ``group`` out of ``world_size``."""
+    numels, reads, small = _units(tuple(dataclasses.asdict(recipe.model).items()))
+    data = recipe.data
+    return step_traffic(
+        numels, reads, small, shard_size=group, replicas=world_size // group,
+        param_dtype=DTYPES[recipe.train.dtype],
+        reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
+        micro_batches=data.global_batch_size // (data.micro_batch_size * world_size),
+    )  # fmt: skip
+
+
+def traffic_table(recipe: Recipe, world_size: int, group: int) -> dict[str, dict[str, int]]:
+    """Per-step bytes per GPU, within groups and across, for full sharding and (when the
+    group is smaller than the world) hybrid sharding."""
+    layouts = {"full": world_size, "hybrid": group} if group < world_size else {"full": group}
+    return {
+        name: dataclasses.asdict(traffic(recipe, world_size, size))
+        for name, size in layouts.items()
+    }

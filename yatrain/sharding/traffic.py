@@ -1,0 +1,58 @@
+"""Bytes one rank sends in a training step, within its shard group and across groups: one
+pure function, which the planner calls and tests check against the engine's own count.
+
+Ring accounting, as the engine counts (comm.py): an all-gather or reduce-scatter of a
+buffer of B bytes over W ranks sends (W-1)/W x B per rank; an all-reduce 2 (W-1)/W x B.
+Per micro-batch each unit is gathered for its forward and again for its backward (when its
+backward reads the weights; the engine skips the units still resident from the forward, so
+this is an upper bound by at most ``prefetch_depth + 1`` units) and its gradient is
+reduce-scattered; the norm group is gathered and reduced once per step. Under hybrid
+sharding every fp32 gradient shard is then all-reduced once across the replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from yatrain.sharding.sizes import padded
+
+
+@dataclass(frozen=True)
+class StepTraffic:
+    """Bytes one rank sends per optimizer step."""
+
+    intra: int  # within its shard group: gathers and reduce-scatters
+    cross: int  # across shard groups: the replicas' gradient all-reduce
+
+
+def _ring(nbytes: int, world: int) -> int:
+    return nbytes * (world - 1) // world
+
+
+def step_traffic(
+    unit_numels: Sequence[int],
+    reads_weights: Sequence[bool],
+    small_numel: int,
+    *,
+    shard_size: int,
+    replicas: int,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    micro_batches: int,
+) -> StepTraffic:
+    """One rank's bytes for units of ``unit_numels`` elements (``reads_weights[i]``: unit i
+    is gathered again for its backward) and a norm group of ``small_numel``."""
+    g, p, r = shard_size, param_dtype.itemsize, reduce_dtype.itemsize
+    sizes = [padded(n, g) for n in unit_numels]
+    small = padded(small_numel, g)
+    per_micro = sum(
+        _ring(size * p, g) * (1 + reads) + _ring(size * r, g)
+        for size, reads in zip(sizes, reads_weights, strict=True)
+    )
+    intra = micro_batches * per_micro + _ring(small * p, g) + _ring(small * r, g)
+    shards = [size // g for size in sizes] + [small // g]
+    cross = sum(_ring(2 * 4 * n, replicas) for n in shards) if replicas > 1 else 0
+    return StepTraffic(intra, cross)
