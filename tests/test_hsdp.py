@@ -31,9 +31,11 @@ from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step
 
 
-def _train_hybrid(rank, world, group_size, *args):
+def _train_hybrid(rank, world, group_size, data, micro, clip, ckpt, force):
     mesh = hybrid_mesh("cpu", group_size)
-    losses, norms, weights = train_sharded(rank, world, *args, mesh=mesh)
+    losses, norms, weights = train_sharded(
+        rank, world, data, micro, clip, ckpt, mesh=mesh, force_process_group=force
+    )
     engine_sizes = (mesh.size(0), mesh.size(1))
     return losses, norms, weights, engine_sizes
 
@@ -45,12 +47,14 @@ def _train_hybrid(rank, world, group_size, *args):
         (6, 3, 12, 1, 0.5, 3),  # 2 replicas of 3: padding (sizes do not divide by 3)
         (6, 2, 12, 1, 0.0, 1),  # 3 replicas of 2, no clipping: weights see the scale
         (4, 1, 8, 2, 0.5, 1),  # groups of one: pure replication (DDP-like)
+        (4, -1, 8, 2, 0.5, 1),  # groups of one on their one-rank process groups (buffers)
     ],
 )
 def test_hybrid_matches_single_process_reference(world, group, global_batch, micro, clip, ckpt):
     data = batches(global_batch)
     want_losses, want_norms, want_weights = reference(data, clip, ckpt)
-    results = run_ranks(world, _train_hybrid, group, data, micro, clip, ckpt)
+    force, group = group < 0, abs(group)
+    results = run_ranks(world, _train_hybrid, group, data, micro, clip, ckpt, force)
     got_losses, got_norms, got_weights, sizes = results[0]
     assert sizes == (world // group, group)
     assert max_rel(got_losses, want_losses) < 1e-5
