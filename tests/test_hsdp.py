@@ -26,12 +26,15 @@ from test_engine import (
 )
 
 from yatrain.models.llama import build_model
+from yatrain.sharding import ShardedEngine
 from yatrain.sharding.groups import hybrid_mesh
 from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step
 
 
-def _train_hybrid(rank, world, group_size, data, micro, clip, ckpt, force):
+def _train_hybrid(rank, world, group_size, data, micro, clip, ckpt, force, late=False):
+    if late:  # this rank process only: the step does not say how many micro-batches it runs
+        ShardedEngine.expect_micro_batches = lambda engine, count: None
     mesh = hybrid_mesh("cpu", group_size)
     losses, norms, weights = train_sharded(
         rank, world, data, micro, clip, ckpt, mesh=mesh, force_process_group=force
@@ -41,20 +44,25 @@ def _train_hybrid(rank, world, group_size, data, micro, clip, ckpt, force):
 
 
 @pytest.mark.parametrize(
-    "world,group,global_batch,micro,clip,ckpt",
+    "world,group,global_batch,micro,clip,ckpt,late",
     [
-        (4, 2, 8, 1, 0.5, 1),  # 2 x 2: accumulation x2, clipping, first layer checkpointed
-        (6, 3, 12, 1, 0.5, 3),  # 2 replicas of 3: padding (sizes do not divide by 3)
-        (6, 2, 12, 1, 0.0, 1),  # 3 replicas of 2, no clipping: weights see the scale
-        (4, 1, 8, 2, 0.5, 1),  # groups of one: pure replication (DDP-like)
-        (4, -1, 8, 2, 0.5, 1),  # groups of one on their one-rank process groups (buffers)
+        (4, 2, 8, 1, 0.5, 1, False),  # 2 x 2: accumulation x2, clipping, first layer checkpointed
+        (6, 3, 12, 1, 0.5, 3, False),  # 2 replicas of 3: padding (sizes do not divide by 3)
+        (6, 2, 12, 1, 0.0, 1, False),  # 3 replicas of 2, no clipping: weights see the scale
+        (4, 1, 8, 2, 0.5, 1, False),  # groups of one: pure replication (DDP-like)
+        (4, -1, 8, 2, 0.5, 1, False),  # groups of one on their one-rank process groups (buffers)
+        (4, 2, 8, 1, 0.5, 1, True),  # 2 x 2, every all-reduce left to reduce_gradients
     ],
 )
-def test_hybrid_matches_single_process_reference(world, group, global_batch, micro, clip, ckpt):
+def test_hybrid_matches_single_process_reference(
+    world, group, global_batch, micro, clip, ckpt, late
+):
+    """By default the step's last backward starts each unit's all-reduce across replicas as
+    its reduction lands (overlapped); ``late``: all of them after the backward."""
     data = batches(global_batch)
     want_losses, want_norms, want_weights = reference(data, clip, ckpt)
     force, group = group < 0, abs(group)
-    results = run_ranks(world, _train_hybrid, group, data, micro, clip, ckpt, force)
+    results = run_ranks(world, _train_hybrid, group, data, micro, clip, ckpt, force, late)
     got_losses, got_norms, got_weights, sizes = results[0]
     assert sizes == (world // group, group)
     assert max_rel(got_losses, want_losses) < 1e-5

@@ -82,8 +82,10 @@ class Communicator:
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """Synchronous sum across ranks (used once per step for the gradient norm)."""
 
-    def all_reduce(self, tensor: torch.Tensor) -> Handle:
-        """Sum ``tensor`` across ranks in place, asynchronously (the replicas' gradients)."""
+    def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
+        """Sum ``tensor`` across ranks in place, asynchronously (the replicas' gradients);
+        on CUDA ordered after the collective ``after`` of another communicator (on CPU the
+        caller issues it once that one has finished)."""
         return Handle(done=True)
 
     def _wait(self, handle: Handle) -> None:
@@ -149,7 +151,7 @@ class GlooCommunicator(Communicator):
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=self.group)
 
-    def all_reduce(self, tensor: torch.Tensor) -> Handle:
+    def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         self._count_all_reduce(tensor)
         return Handle(work=dist.all_reduce(tensor, group=self.group, async_op=True))
 
@@ -164,10 +166,14 @@ class CudaStreamCommunicator(Communicator):
         self.world_size = dist.get_world_size(group)
         self.stream = torch.cuda.Stream(device=device)
 
-    def _on_comm_stream(self, collective, before: Step = None, then: Step = None) -> Handle:
+    def _on_comm_stream(
+        self, collective, before: Step = None, then: Step = None, after: Handle | None = None
+    ) -> Handle:
         compute_ready = torch.cuda.Event()
         compute_ready.record(torch.cuda.current_stream())
         self.stream.wait_event(compute_ready)
+        if after is not None and after.event is not None:  # another stream's collective
+            self.stream.wait_event(after.event)
         with torch.cuda.stream(self.stream):
             if before is not None:
                 before()
@@ -203,9 +209,9 @@ class CudaStreamCommunicator(Communicator):
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=self.group)
 
-    def all_reduce(self, tensor: torch.Tensor) -> Handle:
+    def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         self._count_all_reduce(tensor)
-        return self._on_comm_stream(lambda: dist.all_reduce(tensor, group=self.group))
+        return self._on_comm_stream(lambda: dist.all_reduce(tensor, group=self.group), after=after)
 
 
 def make_communicator(

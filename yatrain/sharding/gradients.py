@@ -30,13 +30,25 @@ class GradientFinish:
             self.comm.wait(self.comm.reduce_scatter(self.small_out, full))
             grad.copy_(self.small_out)
 
+    def expect_micro_batches(self, count: int) -> None:
+        """This step runs ``count`` micro-batches: under hybrid sharding the last one's
+        reductions start the replicas' all-reduce as each lands, overlapping the rest of the
+        backward. Optional: without it the all-reduce waits for ``reduce_gradients``."""
+        self.expected_micro_batches = count
+
     def _reduce_replicas(self) -> None:
-        """Sum the accumulated fp32 gradient shards across replicas (HSDP only)."""
+        """Sum the accumulated fp32 gradient shards across replicas (HSDP only): those the
+        last backward already started, then the rest and the norm group's, waited once."""
         comm = self.replica_comm
         if comm is None:
             return
-        grads = [p.grad for p in self.unit_params] + [self.small_param.grad]
-        for handle in [comm.all_reduce(grad) for grad in grads]:
+        started = [job.replica_handle if job is not None else None for job in self.last_job]
+        handles = [h for h in started if h is not None]
+        for param, handle in zip(self.unit_params, started, strict=True):
+            if handle is None:  # the same units on every rank: the same order of collectives
+                handles.append(comm.all_reduce(param.grad))
+        handles.append(comm.all_reduce(self.small_param.grad))
+        for handle in handles:
             comm.wait(handle)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:

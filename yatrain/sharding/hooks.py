@@ -52,6 +52,7 @@ class UnitSchedule:
         self.has_grad = [False] * self.n_units  # reduced at least once this step
         self.last_job: list = [None] * self.n_units  # its latest reduction (ReduceJob)
         self.micro_batches = 0
+        self.expected_micro_batches: int | None = None  # told by expect_micro_batches
         self.small_ready = False
 
     def _ensure_small(self) -> None:
@@ -196,7 +197,9 @@ class UnitSchedule:
 
     def _submit(self, unit: int, source: torch.Tensor, numel: int):
         previous = self.last_job[unit] if self.has_grad[unit] else None
-        job = self.reducer.submit(source, numel, self._grad_shard(unit), previous)
+        final = self.micro_batches == self.expected_micro_batches  # the step's last backward
+        replica = self.replica_comm if final else None  # all-reduce the shard once it lands
+        job = self.reducer.submit(source, numel, self._grad_shard(unit), previous, replica)
         self.last_job[unit] = job
         return job
 

@@ -46,6 +46,10 @@ class ReduceJob:
     issued: int = 0
     landed: bool = False  # every collective finished and its result is in the shard
     handles: list[Handle] = field(default_factory=list)
+    # Hybrid sharding, the step's last reduction of the unit: once it has landed the shard is
+    # all-reduced across replicas on ``replica`` (``replica_handle``), overlapping the backward.
+    replica: Communicator | None = None
+    replica_handle: Handle | None = None
 
     @property
     def fully_issued(self) -> bool:
@@ -62,15 +66,18 @@ class PieceReducer:
         self.world = comm.world_size
 
     def new_job(
-        self, source: torch.Tensor, numel: int, shard: torch.Tensor, previous: ReduceJob | None
-    ) -> ReduceJob:
+        self, source: torch.Tensor, numel: int, shard: torch.Tensor, previous: ReduceJob | None,
+        replica: Communicator | None = None,
+    ) -> ReduceJob:  # fmt: skip
         """``source`` (a unit's full gradient, ``numel`` real elements) into ``shard``,
-        added to ``previous`` (the unit's reduction of an earlier micro-batch, if any)."""
+        added to ``previous`` (the unit's reduction of an earlier micro-batch, if any), then
+        all-reduced on ``replica`` when given."""
         accumulate = previous is not None
         if not accumulate and numel == shard.numel() * self.world and source.dtype == shard.dtype:
-            return ReduceJob(source, numel, shard, accumulate, pieces=1, direct=True)
+            return ReduceJob(source, numel, shard, accumulate, pieces=1, direct=True,
+                             replica=replica)  # fmt: skip
         pieces = -(-shard.numel() // self.piece)
-        return ReduceJob(source, numel, shard, accumulate, pieces)
+        return ReduceJob(source, numel, shard, accumulate, pieces, replica=replica)
 
     def issue_piece(self, job: ReduceJob) -> Handle:
         """Issue ``job``'s next piece; the previous piece must be done with the staging."""
@@ -102,10 +109,12 @@ class StreamReducer(PieceReducer):
         super().__init__(*args)
         self.pending: list[ReduceJob] = []
 
-    def submit(self, source, numel, shard, previous) -> ReduceJob:
-        job = self.new_job(source, numel, shard, previous)
+    def submit(self, source, numel, shard, previous, replica=None) -> ReduceJob:
+        job = self.new_job(source, numel, shard, previous, replica)
         while not job.fully_issued:
             self.issue_piece(job)
+        if replica is not None:  # ordered after the last piece by its event
+            job.replica_handle = replica.all_reduce(job.shard, after=job.handles[-1])
         self.pending.append(job)
         self.pump()
         return job
@@ -141,10 +150,10 @@ class ThreadReducer(PieceReducer):
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
-    def submit(self, source, numel, shard, previous) -> ReduceJob:
+    def submit(self, source, numel, shard, previous, replica=None) -> ReduceJob:
         if previous is not None:  # gloo may finish collectives out of order: ours adds
             self._wait_for(lambda: previous.landed)
-        job = self.new_job(source, numel, shard, previous)
+        job = self.new_job(source, numel, shard, previous, replica)
         with self.cond:
             if self.thread is None:  # started in the process that uses it (ranks fork)
                 self.thread = threading.Thread(target=self._run, daemon=True)
@@ -186,6 +195,8 @@ class ThreadReducer(PieceReducer):
                         self.cond.notify_all()
                     self.comm.wait(handle)  # the staging and out buffers are free again
                 job.source = None
+                if job.replica is not None:  # the replicas' group is this thread's alone
+                    job.replica_handle = job.replica.all_reduce(job.shard)
                 with self.cond:
                     job.landed = True
                     self.queue.popleft()

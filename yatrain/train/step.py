@@ -92,6 +92,7 @@ def train_step(
     caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
     per micro-batch (the loader's document ids and positions); ``loss_fn`` is the model's
     own fused loss unless a comparison needs the plain one (``logits_loss``)."""
+    engine.expect_micro_batches(len(micro_batches))  # hybrid: the last one starts the all-reduce
     loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs, loss_fn)
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
