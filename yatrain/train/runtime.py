@@ -22,6 +22,7 @@ class Runtime:
     local_rank: int
     device: torch.device
     owns_group: bool = False  # created here, so destroyed here (not when a caller made it)
+    timeout_s: float = 600.0  # collectives' timeout (groups made later, such as the saves')
 
     @property
     def is_main(self) -> bool:
@@ -44,9 +45,10 @@ class Runtime:
             dist.destroy_process_group()
 
 
-def init_runtime(timeout_s: float = 600.0) -> Runtime:
+def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -> Runtime:
     """Join the torchrun job if there is one (or use the caller's process group); pick
-    cuda:LOCAL_RANK when a GPU is present."""
+    cuda:LOCAL_RANK when a GPU is present. ``single_rank_group``: one process gets a
+    process group of its own too (asynchronous checkpoints write over one)."""
     if dist.is_available() and dist.is_initialized():
         world_size, rank = dist.get_world_size(), dist.get_rank()
     else:
@@ -59,16 +61,18 @@ def init_runtime(timeout_s: float = 600.0) -> Runtime:
     else:
         device = torch.device("cpu")
     owns = False
-    if world_size > 1 and not dist.is_initialized():
+    if (world_size > 1 or single_rank_group) and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=timeout_s)
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         store = _elastic_store(world_size, timeout)
+        if store is None and world_size == 1 and "MASTER_ADDR" not in os.environ:
+            store = dist.HashStore()  # one rank, no rendezvous to join
         if store is not None:
             kwargs.update(store=store, rank=rank, world_size=world_size)
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         owns = True
-    return Runtime(rank, world_size, local_rank, device, owns)
+    return Runtime(rank, world_size, local_rank, device, owns, timeout_s)
 
 
 def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store | None:
