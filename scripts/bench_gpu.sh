@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# One-GPU benchmark: yatrain engine vs a bare PyTorch step vs PyTorch FSDP2, world size 1,
-# bf16 weights with fp32 masters and fp32 gradient reduction, on a Llama-shaped model big
-# enough to keep an H100/H200 busy (dim 2048, 16 layers, 16 heads / 8 kv heads, ffn 5632,
-# vocab 32000: ~0.89B parameters; seq 2048 x micro-batch 4 = 8192 tokens per step).
+# One-GPU benchmark, bf16 weights with fp32 masters and fp32 gradient reduction, on a
+# Llama-shaped model big enough to keep an H100/H200 busy (dim 2048, 16 layers, 16 heads /
+# 8 kv heads, ffn 5632, vocab 32000: ~0.89B parameters; seq 2048 x micro-batch 4 = 8192
+# tokens per step). Everything below runs inside one 470 s limit:
 #
-# Each contender runs in a freshly spawned process with its own one-rank NCCL process group
-# (so FSDP2 has a group to shard over), contenders interleaved across repeats. Prints
-# tokens/s, MFU (flops_per_token / bf16 dense peak 989 TFLOP/s for H100/H200, from
-# yatrain/train/metrics.py), peak allocated and reserved CUDA memory, and ratios vs FSDP2.
+# 1. python -m yatrain.bench.pathcheck: the engine's buffered path (force_process_group: a
+#    one-rank NCCL group, the gather and gradient buffers, the reduce-scatter pieces, the
+#    communication stream and its events) trains 4 steps from the same weights on the same
+#    batches as its direct path (identical losses required) and as a bare PyTorch step
+#    (autocast; losses within 1%). A failure stops the script before any timing.
+# 2. python -m yatrain.bench.engine: yatrain (direct path, plain loss), yatrain-pg (the
+#    buffered path), yatrain-chunked (the loss yatrain pretrain uses), a bare PyTorch step
+#    and FSDP2, each in freshly spawned processes with a one-rank NCCL group, interleaved
+#    across repeats: tokens/s, MFU (vs the bf16 dense peak, 989 TFLOP/s on H100/H200), peak
+#    allocated and reserved CUDA memory, ratios vs FSDP2.
 #
 # Installs nothing: uses the repo's yatrain if it is not installed (PYTHONPATH=repo root).
-# Budget: well under 8 minutes on one H200 (hard limit below); extra arguments are passed
-# to scripts/bench_engine.py, e.g.  bash scripts/bench_gpu.sh --n-layers 8 --repeats 1
+# Extra arguments go to both steps, e.g.  bash scripts/bench_gpu.sh --n-layers 8 --repeats 1
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,17 +29,21 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
   exit 1
 fi
 
-"$PYTHON" - <<'EOF'
+"$PYTHON" - <<'PY'
 import torch
 p = torch.cuda.get_device_properties(0)
 print(f"GPU: {p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, "
       f"CUDA {torch.version.cuda}")
-EOF
+PY
 
-exec timeout --signal=INT --kill-after=20 470 "$PYTHON" scripts/bench_engine.py \
-  --device cuda --world-size 1 --contenders yatrain,bare,fsdp2 \
-  --dtype bf16 --reduce-dtype fp32 \
-  --dim 2048 --n-layers 16 --n-heads 16 --n-kv-heads 8 --ffn-dim 5632 --vocab 32000 \
-  --seq-len 2048 --micro-batch 4 --accum 1 --ac-layers 0 \
-  --warmup 3 --steps 15 --repeats 3 \
-  "$@"
+SHAPE=(--device cuda --dtype bf16 --reduce-dtype fp32
+  --dim 2048 --n-layers 16 --n-heads 16 --n-kv-heads 8 --ffn-dim 5632 --vocab 32000
+  --seq-len 2048 --micro-batch 4 --accum 1 --ac-layers 0)
+
+# shellcheck disable=SC2016
+exec timeout --signal=INT --kill-after=20 470 bash -c '
+  "$0" -m yatrain.bench.pathcheck "$@" --warmup 0 --steps 4 &&
+  exec "$0" -m yatrain.bench.engine --world-size 1 \
+    --contenders yatrain,yatrain-pg,yatrain-chunked,bare,fsdp2 \
+    --warmup 3 --steps 15 --repeats 3 "$@"
+' "$PYTHON" "${SHAPE[@]}" "$@"

@@ -137,12 +137,14 @@ def test_help_has_examples(isolated_env):
 
 
 def test_plan_command_through_the_cli(isolated_env):
-    result = yatrain("plan", "recipes/llama3_8b.yaml", "--gpus", "8", "--json", env=isolated_env)
+    args = ("plan", "recipes/llama3_8b.yaml", "--gpus", "8", "--json")
+    result = yatrain(*args, "--set", "data.micro_batch_size=2", env=isolated_env)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
-    # 8 layers would need 80.85 GiB of the assumed 80 GiB; 9 need 79.38 GiB.
-    assert payload["fits"] and payload["activation_checkpoint_layers"] == 9
-    assert payload["peak_bytes_per_gpu"] == pytest.approx(79.38 * 2**30, rel=1e-3)
+    # 2 x 8192 tokens per GPU: 14 layers would need 82.46 GiB of the assumed 80 GiB; 15 need
+    # 79.52 GiB.
+    assert payload["fits"] and payload["activation_checkpoint_layers"] == 15
+    assert payload["peak_bytes_per_gpu"] == pytest.approx(79.52 * 2**30, rel=1e-3)
 
 
 def test_auto_checkpoint_layers_is_resolved_and_logged(small_data, isolated_env, tmp_path):

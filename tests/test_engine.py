@@ -84,12 +84,16 @@ def untrained(data: torch.Tensor) -> tuple[list[float], dict[str, torch.Tensor]]
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def train_sharded(rank, world, data, micro, clip, ckpt, dtype="fp32", reduce="fp32", depth=1):
-    """The engine as the training loop drives it; returns losses, gradient norms, weights."""
+def train_sharded(
+    rank, world, data, micro, clip, ckpt, dtype="fp32", reduce="fp32", depth=1, **options
+):
+    """The engine as the training loop drives it; returns losses, gradient norms, weights.
+    ``options`` go to the engine."""
     model = build_model(CFG, ckpt)
     engine = engine_for(
-        model, param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce], prefetch_depth=depth
-    )
+        model, param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce], prefetch_depth=depth,
+        **options,
+    )  # fmt: skip
     opt = optimizer_for(engine.param_groups(0.1))
     per_rank = data.shape[1] // world
     losses, norms = [], []
@@ -236,14 +240,16 @@ def _parameters_live_in_engine_buffers(rank, world):
     for step in batches(2, steps=2):
         loss_of(model, step).backward()
         engine.reduce_gradients()
+        engine.clip_grad_norm_(0.0)
         engine.after_step()
-    return seen <= owned, len(owned)
+    plan = engine.buffer_plan()
+    return seen <= owned, len(owned), 1 + plan.gather.count + plan.edge_gather.count
 
 
 def test_parameters_are_views_into_preallocated_buffers():
-    inside, n_buffers = run_ranks(2, _parameters_live_in_engine_buffers)[0]
+    inside, n_buffers, planned = run_ranks(2, _parameters_live_in_engine_buffers)[0]
     assert inside
-    assert n_buffers == 4  # small group, edge, two inner layer buffers
+    assert n_buffers == planned == 3  # the small group, a rotation of two unit buffers
 
 
 class _AllocationCounter(TorchDispatchMode):
@@ -279,24 +285,27 @@ def _step_allocations(rank, world, n_layers, sharded):
             loss_of(model, step[rank : rank + 1]).backward()
             if sharded:
                 engine.reduce_gradients()
+                engine.clip_grad_norm_(0.0)
                 engine.after_step()
             else:
                 model.zero_grad(set_to_none=True)
         per_step.append(counter.bytes)
-    buffers = None
+    buffers, grad_shard = None, 0
     if sharded:
         buffers = sorted(b.data.numel() for b in {id(b): b for b in engine.buffer_of}.values())
-    return per_step, buffers
+        grad_shard = engine.master.numel() * 4  # allocated at each step's first reduction
+    return per_step, buffers, grad_shard
 
 
 def test_per_step_allocations_do_not_grow_with_depth():
-    """What the engine allocates per step beyond plain PyTorch is the same for 2 and 8 layers,
-    identical from step to step, and its gather buffers do not grow with depth."""
+    """What the engine allocates per step beyond plain PyTorch and its own fp32 gradient
+    shard (which lives from the step's first reduction to ``after_step``) is the same for 2
+    and 8 layers, identical from step to step, and its gather buffers do not grow with depth."""
     extra, buffers = {}, {}
     for n_layers in (2, 8):
-        sharded, buffers[n_layers] = run_ranks(2, _step_allocations, n_layers, True)[0]
-        plain, _ = run_ranks(2, _step_allocations, n_layers, False)[0]
+        sharded, buffers[n_layers], shard = run_ranks(2, _step_allocations, n_layers, True)[0]
+        plain, _, _ = run_ranks(2, _step_allocations, n_layers, False)[0]
         assert sharded[1] == sharded[2]  # steady state: nothing accumulates step to step
-        extra[n_layers] = sharded[2] - plain[2]
+        extra[n_layers] = sharded[2] - shard - plain[2]
     assert extra[8] == extra[2]
     assert buffers[8] == buffers[2]

@@ -19,6 +19,8 @@ from yatrain.errors import ConfigError
 from yatrain.schema import build_dataclass, to_dict
 from yatrain.schema import limit as _limit
 
+LOSS_CHUNK_TOKENS = 512  # train.loss_chunk_tokens: 0.37 GiB of bf16-run logits at 128K vocab
+
 # ----------------------------------------------------------------------------- schema
 
 
@@ -89,6 +91,10 @@ class TrainConfig:
     # Start from these weights instead of random init: a Hugging Face Llama directory or a
     # yatrain checkpoint (weights only; optimizer and data position start fresh).
     init_from: str | None = None
+    # Tokens per chunk of the fused output head + loss: logits of one chunk at a time.
+    loss_chunk_tokens: int = _limit(LOSS_CHUNK_TOKENS, ge=1)
+    # Trace N steps (after 2) with torch.profiler into RUN_DIR/profile/; 0 = off.
+    profile: int = _limit(0, ge=0)
     # Under torchrun: a step (or a save) stuck this long in a collective (a rank hung or
     # died) ends the run with one line naming the step and the rank, instead of hanging.
     collective_timeout_s: float = _limit(600.0, gt=0)
@@ -117,6 +123,9 @@ class ShardingConfig:
     prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
     gpu_memory_gib: float | None = _limit(None, gt=0)
+    # true: one process also runs the multi-rank path in a one-rank group (checks it on one
+    # GPU; same results as its direct path, slower).
+    force_process_group: bool = False
 
 
 @dataclass(kw_only=True)
@@ -125,8 +134,7 @@ class CheckpointConfig:
     every: int = _limit(0, ge=0)  # save every N steps; 0 = only at the end
     keep: int = _limit(2, ge=1)  # how many recent checkpoints to keep
     enabled: bool = True  # false: never save (measurement runs such as sweeps)
-    # true: a save blocks the step only while the state is copied to host memory; the write
-    # to disk overlaps the next steps (YAML key: async)
+    # true: a save blocks only while the state is copied to host memory (YAML key: async)
     async_: bool = _limit(False, key="async")
 
 

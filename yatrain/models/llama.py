@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from yatrain.config import ModelConfig
+from yatrain.config import LOSS_CHUNK_TOKENS, ModelConfig
+from yatrain.models.loss import linear_cross_entropy
 
 INIT_STD = 0.02
 SEED_STRIDE = 1_000_003  # unit i of a run with seed s draws from generator seed s*STRIDE + i
@@ -150,17 +151,39 @@ class DecoderLayer(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+class OutputHead(nn.Module):
+    """The vocabulary projection. Given targets it returns the mean cross-entropy instead of
+    logits, fused with the projection and computed chunk by chunk of tokens inside this one
+    call (see models/loss.py), so a sharding engine gathers its weights and reduces their
+    gradient once per micro-batch however many chunks there are."""
+
+    def __init__(self, dim: int, vocab_size: int, chunk_tokens: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim))
+        self.chunk_tokens = chunk_tokens
+
+    def forward(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:  # evaluation and generation: plain logits
+            return F.linear(h, self.weight)
+        return linear_cross_entropy(h, self.weight, targets, self.chunk_tokens)
+
+
 class Llama(nn.Module):
     """Token embedding, n_layers decoder layers, final RMSNorm, untied output head."""
 
-    def __init__(self, cfg: ModelConfig, activation_checkpoint_layers: int = 0) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        activation_checkpoint_layers: int = 0,
+        loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.activation_checkpoint_layers = activation_checkpoint_layers  # first N layers
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output = OutputHead(cfg.dim, cfg.vocab_size, loss_chunk_tokens)
         # (seq_len, device) -> (cos, sin). A plain dict, not buffers: buffers would be moved,
         # sharded or saved by whoever manages the parameters, and they are cheap to recompute.
         self.rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -177,8 +200,11 @@ class Llama(nn.Module):
         tokens: torch.Tensor,
         document_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tokens [B, T] (int64) -> logits [B, T, vocab_size] in the compute dtype.
+        """tokens [B, T] (int64) -> logits [B, T, vocab_size] in the compute dtype; with
+        ``targets`` [B, T], the mean cross-entropy loss (fp32 scalar) instead, computed by the
+        output head chunk by chunk without full logits (models/loss.py).
 
         ``document_ids`` [B, T] keeps attention within each document of a packed sequence;
         ``positions`` [B, T] (each below max_seq_len) replaces 0..T-1 as rotary positions.
@@ -201,7 +227,8 @@ class Llama(nn.Module):
                 x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask)
-        return self.output(self.norm(x))
+        h = self.norm(x)
+        return self.output(h) if targets is None else self.output(h, targets)
 
     # ------------------------------------------------------------------ sharding interface
 
@@ -262,10 +289,14 @@ def _is_norm(unit: nn.Module, param_name: str) -> bool:
 # ---------------------------------------------------------------------- helpers
 
 
-def build_model(cfg: ModelConfig, activation_checkpoint_layers: int = 0) -> Llama:
+def build_model(
+    cfg: ModelConfig,
+    activation_checkpoint_layers: int = 0,
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
+) -> Llama:
     """The model on the meta device: shapes only, no memory, no init cost (even for 70B)."""
     with torch.device("meta"):
-        return Llama(cfg, activation_checkpoint_layers)
+        return Llama(cfg, activation_checkpoint_layers, loss_chunk_tokens)
 
 
 def materialize(model: Llama, device: torch.device | str, seed: int) -> Llama:

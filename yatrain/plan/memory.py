@@ -1,18 +1,25 @@
 """Per-GPU memory of a training step with this engine, and how many layers to checkpoint.
 
-Everything here is arithmetic on the recipe; nothing is allocated. The model mirrors what the
-code actually keeps alive, so it can be checked against a live-tensor count (tests do):
+Nothing here allocates. The model mirrors what the code keeps alive, so it can be checked
+against a live-tensor count (tests do):
 
-- resident state (``engine_state_bytes``): exactly the tensors ``ShardedEngine`` and AdamW
-  allocate: fp32 master shards, their gradients, two AdamW moments, the bf16 gather-input
-  copy, and the preallocated gather/gradient/staging/reduce-scatter buffers. At world size 1
-  parameters are views of the shard, so there are no gather buffers;
-- activations (``activation_bytes``): what autograd saves per decoder layer in this Llama
+- resident state (``engine_state_bytes``): the fp32 master shards and AdamW's two moments,
+  and the engine's preallocated buffers exactly as the engine sizes them: the planner calls
+  ``sharding.sizes.engine_buffers`` over the layouts of a meta-device model. With one process
+  in bf16 the model computes from a bf16 copy of the whole shard;
+- each unit's fp32 gradient shard, which exists from the unit's first reduction in a step to
+  the optimizer step: counted at each moment for the units reduced by then (all of them
+  through a later micro-batch of several);
+- activations (``ActivationSizes``): what autograd saves per decoder layer in this Llama
   (fp32 RMSNorm inputs, the fused-attention inputs/outputs and log-sum-exp, four SwiGLU
   tensors); a checkpointed layer keeps only its input;
-- the step's peak is the largest of a few moments: the loss (logits, fp32 log-softmax and
-  its gradients), the first backward layer, the recompute of the last checkpointed layer,
-  and the gradient-norm scratch after backward;
+- the loss: the output head fused with the cross-entropy computes one chunk of tokens at a
+  time (``train.loss_chunk_tokens``): one chunk's logits in fp32 (and in the parameter dtype
+  while it is cast), the gradient of the hidden states, and the head's weight gradient,
+  which lives from the head's forward until its reduction has read it;
+- the step's peak is the largest of its moments: the loss, the backward of each layer (or
+  the recompute of each checkpointed one: earlier layers hold less activation but more
+  reduced gradients), and the gradient norm;
 - a runtime allowance for what is not a tensor: CUDA context and workspaces, NCCL buffers,
   allocator fragmentation.
 
@@ -23,12 +30,14 @@ kernel here) that never materialises the T x T score matrix.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 from dataclasses import dataclass, field
 
-from yatrain.common import GIB, dtype_bytes
+from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
-from yatrain.models.llama import flops_per_token
+from yatrain.models.llama import build_model, flops_per_token
+from yatrain.sharding.layout import FlatLayout, plan_layouts
+from yatrain.sharding.sizes import EngineBuffers, engine_buffers
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
 COMM_BYTES = 1 * GIB  # NCCL channel buffers and the communication stream's scratch
@@ -40,68 +49,69 @@ def default_runtime_allowance(gpu_memory_bytes: float) -> int:
     return int(CONTEXT_BYTES + COMM_BYTES + FRAGMENTATION * gpu_memory_bytes)
 
 
-# ----------------------------------------------------------------------------- shapes
+# ----------------------------------------------------------------------------- the engine
 
 
-@dataclass(frozen=True)
-class UnitSizes:
-    """Element counts of the engine's units: embedding, one decoder layer, head, norm group."""
-
-    embedding: int
-    layer: int
-    output: int
-    small: int
-
-    @classmethod
-    def of(cls, m: ModelConfig) -> UnitSizes:
-        hd = m.head_dim
-        attention = 2 * m.dim * m.n_heads * hd + 2 * m.dim * m.n_kv_heads * hd
-        return cls(
-            embedding=m.vocab_size * m.dim,
-            layer=attention + 3 * m.dim * m.ffn_dim,
-            output=m.vocab_size * m.dim,
-            small=(2 * m.n_layers + 1) * m.dim,
-        )
+@functools.lru_cache(maxsize=256)
+def _layouts(model_items: tuple, world: int) -> tuple[list[FlatLayout], FlatLayout]:
+    model = build_model(ModelConfig(**dict(model_items)))  # meta device: shapes only
+    layouts, small, _ = plan_layouts(model, model.units(), model.norm_modules(), world)
+    return layouts, small
 
 
-def _padded(n: int, world: int) -> int:
-    return math.ceil(n / world) * world
-
-
-def _shard(n: int, world: int) -> int:
-    return _padded(n, world) // world
+def engine_layout(
+    m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
+    direct: bool | None = None,
+) -> tuple[int, int, EngineBuffers]:  # fmt: skip
+    """(elements of this rank's shard of every unit, of the norm group, the buffers the
+    engine preallocates), from the same functions the engine uses."""
+    layouts, small = _layouts(tuple(dataclasses.asdict(m).items()), world)
+    buffers = engine_buffers(
+        [layout.numel for layout in layouts],
+        [len(layout.slots) == 1 for layout in layouts],
+        small.numel,
+        world_size=world,
+        param_dtype=DTYPES[dtype],
+        reduce_dtype=DTYPES[reduce_dtype],
+        prefetch_depth=prefetch_depth,
+        direct=world == 1 if direct is None else direct,
+    )
+    return sum(layout.shard_numel for layout in layouts), small.shard_numel, buffers
 
 
 def engine_state_bytes(
-    m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int
-) -> dict[str, int]:
-    """Bytes per rank of every tensor the engine and AdamW keep for the whole run."""
-    u, p, r = UnitSizes.of(m), dtype_bytes(dtype), dtype_bytes(reduce_dtype)
-    shards = 2 * _shard(u.embedding, world) + m.n_layers * _shard(u.layer, world)
-    shards += _shard(u.small, world)  # (embedding and output have equal sizes)
-    direct = world == 1
-    edge_padded = _padded(u.embedding, world)
-    layer_padded, small_padded = _padded(u.layer, world), _padded(u.small, world)
-    edge_shard, layer_shard = _shard(u.embedding, world), _shard(u.layer, world)
-
-    gather = 0
-    if not direct:
-        gather = (edge_padded + (prefetch_depth + 1) * layer_padded + small_padded) * p
-    grad_buffers = 0
-    if not (direct and dtype == "fp32"):  # else gradients land straight in the fp32 shard
-        staging = not direct and dtype != reduce_dtype  # fp32 copy of a bf16 gradient
-        grad_buffers += edge_padded * p + edge_shard * r + (edge_padded * r if staging else 0)
-        grad_buffers += 2 * (layer_padded * p + layer_shard * r)
-        grad_buffers += layer_padded * r if staging else 0  # one staging for both slots
-        grad_buffers += small_padded * p + (0 if direct else _shard(u.small, world) * r)
+    m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
+    direct: bool | None = None,
+) -> dict[str, int]:  # fmt: skip
+    """Bytes per rank of every tensor the engine and AdamW keep for the whole run (the
+    fp32 gradient shards, which they do not, are ``GradientShards``)."""
+    units, small, buffers = engine_layout(m, world, dtype, reduce_dtype, prefetch_depth, direct)
+    shards = units + small
+    copy = buffers.gather.count == 0 and dtype != "fp32"  # one process, bf16
     return {
         "master_weights": 4 * shards,
-        "gradients": 4 * shards,
         "optimizer_state": 8 * shards,
-        "gather_input_copy": 0 if dtype == "fp32" else p * shards,
-        "gather_buffers": gather,
-        "gradient_buffers": grad_buffers,
+        "compute_copy": dtype_bytes(dtype) * shards if copy else 0,
+        "gather_buffers": buffers.gather_bytes(),
+        # (+ the norm group's fp32 gradient shard, which stays allocated)
+        "gradient_buffers": buffers.gradient_bytes() + 4 * small,
     }
+
+
+@dataclass(frozen=True)
+class GradientShards:
+    """Bytes of the fp32 gradient shards: each unit's is allocated at its first reduction
+    in a step and freed after the optimizer step."""
+
+    all_units: int
+    head: int  # the last unit (reduced first in the backward)
+    layer: int  # one inner unit
+
+    @classmethod
+    def of(cls, m: ModelConfig, world: int) -> GradientShards:
+        layouts, _ = _layouts(tuple(dataclasses.asdict(m).items()), world)
+        shards = [4 * layout.shard_numel for layout in layouts]
+        return cls(sum(shards), shards[-1], max(shards[1:-1], default=0))
 
 
 # ----------------------------------------------------------------------------- activations
@@ -115,66 +125,83 @@ class ActivationSizes:
     checkpointed_layer: int  # its input only
     backward_workspace: int  # gradients in flight inside one layer's backward
     final_norm: int
-    logits: int  # the loop holds the logits until the next micro-batch
-    loss: int  # fp32 log-softmax output and two fp32 gradients of it, at once
+    loss: int  # one chunk's logits, fp32 and cast, and the hidden states' gradient
+    head_gradient: int  # the output head's weight gradient (parameter dtype)
     batch: int  # input and target token ids (int64) and the rotary tables
 
     @classmethod
-    def of(cls, m: ModelConfig, seq_len: int, micro_batch: int, dtype: str) -> ActivationSizes:
+    def of(
+        cls, m: ModelConfig, seq_len: int, micro_batch: int, dtype: str, chunk_tokens: int
+    ) -> ActivationSizes:
         p, n, d = dtype_bytes(dtype), seq_len * micro_batch, m.dim
         kv = m.n_kv_heads * m.head_dim
         norm = n * (4 * d + 2 * p * d)  # fp32 input (pow), normalised (mul), output (linear)
         attention = n * p * (2 * d + 2 * kv)  # rotated q, k; v; attention output
         lse = 4 * micro_batch * m.n_heads * seq_len  # fp32 log-sum-exp per query and head
         ffn = 4 * n * p * m.ffn_dim  # w1 x (silu input), silu, w3 x, their product
+        chunk = min(chunk_tokens, n)
+        logits = chunk * m.vocab_size * (4 + (p if p != 4 else 0))  # fp32 (+ cast) logits
         return cls(
             full_layer=2 * norm + attention + lse + ffn,
             checkpointed_layer=n * p * d,
+            # two ffn-sized gradients inside a layer's backward and its input's gradient (a
+            # weight's gradient on its way into the gradient buffer overlaps with freed
+            # activations: counting it overestimates every measured case)
             backward_workspace=2 * n * p * m.ffn_dim + n * p * d,
             final_norm=norm,
-            logits=n * p * m.vocab_size,
-            loss=12 * n * m.vocab_size,
+            loss=logits + n * p * d,
+            head_gradient=p * m.vocab_size * d,
             batch=16 * n + 4 * seq_len * m.head_dim,
         )
 
 
 def activation_peak(
-    a: ActivationSizes, n_layers: int, checkpointed: int, grad_norm_scratch: int
-) -> tuple[str, dict[str, int]]:
-    """The largest moment of a step above the resident state: (moment, its parts in bytes)."""
-    saved = checkpointed * a.checkpointed_layer + (n_layers - checkpointed) * a.full_layer
+    a: ActivationSizes, n_layers: int, checkpointed: int, g: GradientShards, accumulating: bool,
+    direct: bool = False,
+) -> tuple[str, dict[str, int]]:  # fmt: skip
+    """The largest moment of a step above the resident state: (moment, its parts in bytes).
+
+    Moments: the loss; the backward of each layer that kept its activations and the
+    recompute of each checkpointed one (the layers above it have freed theirs, and their
+    gradient shards exist: a unit's from its first reduction on, every unit's through a
+    later micro-batch of several, ``accumulating``; on the ``direct`` path of one process
+    also the running layer's, which its first weight gradient fills); the gradient norm."""
+    k, n = checkpointed, n_layers
+
+    def moment(acts: int, loss: int, head: int, workspace: int, grads: int) -> dict[str, int]:
+        return {"activations": acts, "logits_and_loss": loss, "head_gradient": head,
+                "backward_workspace": workspace, "gradients": grads}  # fmt: skip
+
+    def reduced(layers_above: int) -> int:  # the head and the layers above this one
+        return g.all_units if accumulating else g.head + (layers_above + direct) * g.layer
+
+    saved = k * a.checkpointed_layer + (n - k) * a.full_layer
     moments = {
-        "loss": {
-            "activations": saved + a.final_norm,
-            "logits_and_loss": a.logits + a.loss,
-            "backward_workspace": 0,
-        },
-        "backward of the last layer": {
-            "activations": saved,
-            "logits_and_loss": a.logits,
-            "backward_workspace": a.backward_workspace,
-        },
-        "gradient norm": {
-            "activations": 0,
-            "logits_and_loss": a.logits,
-            "backward_workspace": grad_norm_scratch,
-        },
+        "loss": moment(
+            saved + a.final_norm, a.loss, a.head_gradient, 0, g.all_units if accumulating else 0
+        ),  # fmt: skip
+        "gradient norm": moment(0, 0, 0, 0, g.all_units),
     }
-    if checkpointed == n_layers:  # no layer keeps its activations: only the recompute does
-        del moments["backward of the last layer"]
-    if checkpointed:
-        moments["recompute of the last checkpointed layer"] = {
-            "activations": checkpointed * a.checkpointed_layer + a.full_layer,
-            "logits_and_loss": a.logits,
-            "backward_workspace": a.backward_workspace,
-        }
+    for i in range(n - 1, k - 1, -1):  # layers that kept their activations
+        acts = k * a.checkpointed_layer + (i - k + 1) * a.full_layer
+        head = a.head_gradient if i == n - 1 else 0  # reduced while the last layer runs
+        moments[f"backward of layer {i}"] = moment(
+            acts, 0, head, a.backward_workspace, reduced(n - 1 - i)
+        )
+    for j in range(k - 1, -1, -1):  # checkpointed layers: their inputs, one recomputed
+        acts = (j + 1) * a.checkpointed_layer + a.full_layer
+        moments[f"recompute of layer {j}"] = moment(
+            acts, 0, 0, a.backward_workspace, reduced(n - 1 - j)
+        )
     return max(moments.items(), key=lambda kv: sum(kv[1].values()))
 
 
 def recompute_fraction(m: ModelConfig, seq_len: int, checkpointed: int) -> float:
     """Extra FLOPs of recomputing the checkpointed layers' forward, as a share of the step's
     useful FLOPs (``flops_per_token``): each layer forward is 2 x weights + 4 x seq x dim."""
-    layer_forward = 2 * UnitSizes.of(m).layer + 4 * seq_len * m.n_heads * m.head_dim
+    hd = m.head_dim
+    layer = 2 * m.dim * m.n_heads * hd + 2 * m.dim * m.n_kv_heads * hd + 3 * m.dim * m.ffn_dim
+    layer_forward = 2 * layer + 4 * seq_len * m.n_heads * hd
     return checkpointed * layer_forward / flops_per_token(m, seq_len)
 
 
@@ -208,23 +235,24 @@ class MemoryPlan:
         return dataclasses.asdict(self)
 
 
-def _recipe_shape(recipe: Recipe) -> tuple:
-    s = recipe.sharding
-    return recipe.model, s.reduce_dtype, s.prefetch_depth, recipe.train.dtype
-
-
 def plan_for_layers(
     recipe: Recipe, world_size: int, checkpointed: int, gpu_memory_bytes: int | None = None,
     runtime_allowance_bytes: int | None = None,
 ) -> MemoryPlan:  # fmt: skip
     """Peak memory per GPU with the first ``checkpointed`` decoder layers checkpointed."""
-    m, reduce_dtype, depth, dtype = _recipe_shape(recipe)
+    m, s, data, dtype = recipe.model, recipe.sharding, recipe.data, recipe.train.dtype
     if runtime_allowance_bytes is None:
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
-    state = engine_state_bytes(m, world_size, dtype, reduce_dtype, depth)
-    acts = ActivationSizes.of(m, recipe.data.seq_len, recipe.data.micro_batch_size, dtype)
+    direct = world_size == 1 and not s.force_process_group
+    state = engine_state_bytes(m, world_size, dtype, s.reduce_dtype, s.prefetch_depth, direct)
+    acts = ActivationSizes.of(
+        m, data.seq_len, data.micro_batch_size, dtype, recipe.train.loss_chunk_tokens
+    )
+    accumulating = data.global_batch_size > data.micro_batch_size * world_size
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
-    moment, parts = activation_peak(acts, m.n_layers, checkpointed, 0)
+    moment, parts = activation_peak(
+        acts, m.n_layers, checkpointed, GradientShards.of(m, world_size), accumulating, direct
+    )
     breakdown = {**state, "batch_and_rope": acts.batch, **parts}
     tensor_peak = sum(breakdown.values())
     breakdown["runtime_allowance"] = runtime_allowance_bytes

@@ -11,15 +11,16 @@ from yatrain.plan.memory import MemoryPlan
 
 LABELS = {
     "master_weights": "fp32 master weights (shard)",
-    "gradients": "fp32 gradients (shard)",
     "optimizer_state": "AdamW moments (2 x fp32 shard)",
-    "gather_input_copy": "bf16 gather-input copy (shard)",
-    "gather_buffers": "gather buffers (layers, edge, norms)",
-    "gradient_buffers": "gradient buffers (+ staging, RS out)",
+    "compute_copy": "bf16 copy of the weights (one process)",
+    "gather_buffers": "gather buffers (units, norms)",
+    "gradient_buffers": "gradient buffers (+ fp32 staging piece)",
     "batch_and_rope": "token ids and rotary tables",
     "activations": "activations",
-    "logits_and_loss": "logits and loss",
-    "backward_workspace": "backward / grad-norm workspace",
+    "logits_and_loss": "logits and loss (one chunk)",
+    "head_gradient": "output head gradient (until reduced)",
+    "backward_workspace": "backward workspace",
+    "gradients": "fp32 gradients (shard, while alive)",
     "runtime_allowance": "runtime allowance (CUDA, NCCL, frag.)",
 }
 
@@ -61,9 +62,12 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         f"{recipe.sharding.reduce_dtype} reduce\n{plan.world_size} GPUs x "
         f"{_gib(plan.gpu_memory_bytes)} GiB ({source})"
     )
-    if plan.peak_moment.startswith("recompute"):
-        acts = f"activations ({k} ckpt inputs + 1 recomputed layer)"
-    elif plan.peak_moment == "gradient norm":
+    moment = plan.peak_moment
+    if moment.startswith("recompute of layer"):
+        acts = f"activations ({int(moment.split()[-1]) + 1} ckpt inputs + 1 recomputed)"
+    elif moment.startswith("backward of layer"):
+        acts = f"activations ({int(moment.split()[-1]) - k + 1} full + {k} checkpointed)"
+    elif moment == "gradient norm":
         acts = "activations (all freed by then)"
     else:
         acts = f"activations ({n - k} full + {k} checkpointed)"

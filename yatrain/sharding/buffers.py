@@ -1,11 +1,10 @@
-"""The engine's preallocated flat buffers, what each currently holds, and how many it needs.
+"""The engine's preallocated flat buffers and what each currently holds.
 
-Gather buffers: ``prefetch_depth + 1`` for the inner units (decoder layers), rotated in
-order, plus one for the edge units (first and last: embedding and output head), so a large
-vocabulary does not inflate every layer buffer. Gradient slots: two for the inner units,
-one for the edges, each with its shard-sized reduce-scatter output and, when gradients are
-reduced in another dtype than they are computed in, a staging buffer (one shared by the two
-inner slots).
+How many buffers of which size is decided in one place, ``sizes.engine_buffers`` (the
+planner calls it too); this module allocates them and assigns units to them: gather
+buffers rotate among consecutive units (the edge units either rotate with the others or
+share one buffer of their own), and the units with several weight tensors take turns on
+two gradient buffers.
 """
 
 from __future__ import annotations
@@ -13,7 +12,9 @@ from __future__ import annotations
 import torch
 
 from yatrain.sharding.comm import Handle
-from yatrain.sharding.layout import FlatLayout, alias
+from yatrain.sharding.layout import alias
+from yatrain.sharding.reduce import ReduceJob
+from yatrain.sharding.sizes import EngineBuffers
 
 
 class Buffer:
@@ -28,14 +29,11 @@ class Buffer:
 
 
 class GradSlot:
-    """A gradient buffer, the shard-sized reduce-scatter output, and the last RS using them."""
+    """A gradient buffer and the reduction still reading it."""
 
-    def __init__(self, data: torch.Tensor, out: torch.Tensor, staging: torch.Tensor | None):
+    def __init__(self, data: torch.Tensor):
         self.data = data
-        self.alias = alias(data)
-        self.out = out
-        self.staging = staging
-        self.handle: Handle | None = None
+        self.job: ReduceJob | None = None
 
 
 def edge_and_inner(n_units: int) -> tuple[list[int], list[int]]:
@@ -44,55 +42,33 @@ def edge_and_inner(n_units: int) -> tuple[list[int], list[int]]:
     return edges, [i for i in range(n_units) if i not in edges]
 
 
-def gather_buffers(
-    layouts: list[FlatLayout], prefetch_depth: int, dtype: torch.dtype, device: torch.device
-) -> list[Buffer]:
-    """The gather buffer of every unit (units share buffers; see the module docstring)."""
-    edges, inner = edge_and_inner(len(layouts))
-    buffer_of: list[Buffer] = [None] * len(layouts)  # type: ignore[list-item]
-    edge = Buffer(_zeros(max(layouts[i].padded_numel for i in edges), dtype, device))
-    for i in edges:
-        buffer_of[i] = edge
-    if inner:
-        size = max(layouts[i].padded_numel for i in inner)
-        ring = [Buffer(_zeros(size, dtype, device)) for _ in range(prefetch_depth + 1)]
-        for j, i in enumerate(inner):
-            buffer_of[i] = ring[j % len(ring)]
+def gather_buffers(n_units: int, plan: EngineBuffers, device: torch.device) -> list[Buffer]:
+    """The gather buffer of every unit, in forward order."""
+    spec = plan.gather
+    ring = [Buffer(torch.empty(spec.numel, dtype=spec.dtype, device=device))
+            for _ in range(spec.count)]  # fmt: skip
+    if not plan.edge_owns_gather:
+        return [ring[i % len(ring)] for i in range(n_units)]
+    edge_spec = plan.edge_gather
+    edge = Buffer(torch.empty(edge_spec.numel, dtype=edge_spec.dtype, device=device))
+    edges, inner = edge_and_inner(n_units)
+    buffer_of: list[Buffer] = [edge] * n_units
+    for j, i in enumerate(inner):
+        buffer_of[i] = ring[j % len(ring)]
     return buffer_of
 
 
 def grad_slots(
-    layouts: list[FlatLayout],
-    dtype: torch.dtype,
-    reduce_dtype: torch.dtype,
-    staging: bool,
-    device: torch.device,
-) -> list[GradSlot]:
-    """The gradient slot of every unit (units share slots; see the module docstring)."""
-
-    def full(units: list[int]) -> int:
-        return max(layouts[i].padded_numel for i in units)
-
-    def stage(units: list[int]) -> torch.Tensor | None:
-        return _zeros(full(units), reduce_dtype, device) if staging else None
-
-    def slot(units: list[int], stage: torch.Tensor | None) -> GradSlot:
-        shard = max(layouts[i].shard_numel for i in units)
-        out = _zeros(shard, reduce_dtype, device)
-        return GradSlot(_zeros(full(units), dtype, device), out, stage)
-
-    edges, inner = edge_and_inner(len(layouts))
-    slot_of: list[GradSlot] = [None] * len(layouts)  # type: ignore[list-item]
-    edge = slot(edges, stage(edges))
-    for i in edges:
-        slot_of[i] = edge
-    if inner:
-        shared = stage(inner)  # one staging buffer for both inner slots
-        pair = [slot(inner, shared), slot(inner, shared)]
-        for j, i in enumerate(inner):
-            slot_of[i] = pair[j % 2]
+    single_tensor: list[bool], plan: EngineBuffers, device: torch.device
+) -> list[GradSlot | None]:
+    """The gradient buffer of every unit with several weight tensors, taken in turns."""
+    spec = plan.grad
+    slots = [GradSlot(torch.empty(spec.numel, dtype=spec.dtype, device=device))
+             for _ in range(spec.count)]  # fmt: skip
+    slot_of: list[GradSlot | None] = []
+    for single in single_tensor:
+        if single or not slots:
+            slot_of.append(None)
+        else:
+            slot_of.append(slots[sum(s is not None for s in slot_of) % len(slots)])
     return slot_of
-
-
-def _zeros(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.zeros(n, dtype=dtype, device=device)

@@ -6,11 +6,15 @@ differs between devices, so it lives here and nowhere else:
 
 - CPU (gloo): collectives run on gloo's own thread (``async_op=True``); waiting blocks the
   Python thread until the work is done, then runs any follow-up step (gradient accumulation).
+  Whether a collective has finished can be asked without blocking (``finished``).
 - CUDA (NCCL): collectives run on one dedicated communication stream. Before each one the
   communication stream waits for an event recorded on the compute stream (so a buffer is
   never overwritten while a kernel still reads it); afterwards an event is recorded that the
-  compute stream waits on before it touches the result. Buffers are preallocated and never
-  freed, so no ``record_stream`` is needed.
+  compute stream waits on before it touches the result. Work queued on the communication
+  stream runs in order, so a buffer the next collective reuses (the reduce-scatter staging)
+  is free as soon as the next one is queued. Buffers are preallocated and never freed, and
+  the few tensors that are not (a gradient autograd allocated) are let go only once their
+  collective has finished (``finished``): no ``record_stream``.
 - One process, no group: nothing to communicate; copies only where the buffers differ.
 
 Every collective also counts the bytes this rank sends, so benchmarks report measured traffic.
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+Step = Callable[[], None] | None
+
 
 @dataclass
 class Handle:
@@ -31,7 +37,7 @@ class Handle:
 
     work: object | None = None
     event: object | None = None
-    then: Callable[[], None] | None = None
+    then: Step = None
     done: bool = field(default=False)
 
 
@@ -42,25 +48,20 @@ class Communicator:
         self.rank, self.world_size = 0, 1
         self.bytes_sent = 0
 
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Handle:
-        if out.data_ptr() != shard.data_ptr():
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, *, before: Step = None) -> Handle:
+        """Gather every rank's ``shard`` into ``out``. With ``before``, the input is this
+        rank's own slice of ``out`` (an in-place gather) that ``before`` fills first."""
+        if before is not None:
+            before()
+        elif out.data_ptr() != shard.data_ptr():
             out.copy_(shard)
         return Handle(done=True)
 
     def reduce_scatter(
-        self,
-        out: torch.Tensor,
-        full: torch.Tensor,
-        *,
-        before: Callable[[], None] | None = None,
-        after: Handle | None = None,
-        then: Callable[[], None] | None = None,
+        self, out: torch.Tensor, full: torch.Tensor, *, before: Step = None, then: Step = None
     ) -> Handle:
-        """Sum ``full`` across ranks into this rank's shard ``out``.
-
-        ``before`` fills ``full`` (e.g. an fp32 staging copy) in stream order, ``after`` is a
-        handle that must complete first (a shared staging buffer), ``then`` consumes ``out``.
-        """
+        """Sum ``full`` across ranks into this rank's shard ``out``. ``before`` fills ``full``
+        (e.g. a staging copy) in stream order, ``then`` consumes ``out``."""
         for step in (before, lambda: out.copy_(full), then):
             if step is not None:
                 step()
@@ -74,6 +75,10 @@ class Communicator:
         if handle.then is not None:
             handle.then()
 
+    def finished(self, handle: Handle | None) -> bool:
+        """Has the collective completed (so memory it reads may be released)? Never blocks."""
+        return handle is None or handle.done
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """Synchronous sum across ranks (used once per step for the gradient norm)."""
 
@@ -85,6 +90,10 @@ class Communicator:
         nbytes = full.numel() * full.element_size()
         self.bytes_sent += nbytes * (self.world_size - 1) // self.world_size
 
+    def _own_slice(self, out: torch.Tensor) -> torch.Tensor:
+        size = out.numel() // self.world_size
+        return out.narrow(0, self.rank * size, size)
+
 
 class GlooCommunicator(Communicator):
     """CPU: gloo's worker thread overlaps the collective with compute on this thread."""
@@ -95,18 +104,29 @@ class GlooCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Handle:
+    def all_gather(self, out, shard, *, before=None) -> Handle:
+        if before is not None:
+            before()
+            shard = self._own_slice(out)
         self._count(out)
         work = dist.all_gather_single(out, shard, group=self.group, async_op=True)
         return Handle(work=work)
 
-    def reduce_scatter(self, out, full, *, before=None, after=None, then=None) -> Handle:
-        self.wait(after)
+    def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
         if before is not None:
             before()
         self._count(full)
         work = dist.reduce_scatter_single(out, full, group=self.group, async_op=True)
         return Handle(work=work, then=then)
+
+    def finished(self, handle: Handle | None) -> bool:
+        return handle is None or handle.done or handle.work.is_completed()
+
+    def second_group(self) -> GlooCommunicator:
+        """The same ranks on a process group of their own (collective: every rank calls
+        it at the same point), so another thread can issue collectives on it."""
+        ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
+        return GlooCommunicator(dist.new_group(ranks, backend="gloo"))
 
     def _wait(self, handle: Handle) -> None:
         handle.work.wait()
@@ -125,7 +145,7 @@ class CudaStreamCommunicator(Communicator):
         self.world_size = dist.get_world_size(group)
         self.stream = torch.cuda.Stream(device=device)
 
-    def _on_comm_stream(self, collective, before=None, then=None) -> Handle:
+    def _on_comm_stream(self, collective, before: Step = None, then: Step = None) -> Handle:
         compute_ready = torch.cuda.Event()
         compute_ready.record(torch.cuda.current_stream())
         self.stream.wait_event(compute_ready)
@@ -139,12 +159,14 @@ class CudaStreamCommunicator(Communicator):
             landed.record(self.stream)
         return Handle(event=landed)
 
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Handle:
+    def all_gather(self, out, shard, *, before=None) -> Handle:
         self._count(out)
-        return self._on_comm_stream(lambda: dist.all_gather_single(out, shard, group=self.group))
+        source = self._own_slice(out) if before is not None else shard
+        return self._on_comm_stream(
+            lambda: dist.all_gather_single(out, source, group=self.group), before
+        )
 
-    def reduce_scatter(self, out, full, *, before=None, after=None, then=None) -> Handle:
-        # ``after`` needs no wait here: the communication stream runs everything in order.
+    def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
         self._count(full)
         return self._on_comm_stream(
             lambda: dist.reduce_scatter_single(out, full, group=self.group), before, then
@@ -156,13 +178,24 @@ class CudaStreamCommunicator(Communicator):
         torch.cuda.current_stream().wait_event(handle.event)
         handle.done = True  # ``then`` already ran on the communication stream
 
+    def finished(self, handle: Handle | None) -> bool:
+        return handle is None or handle.done or handle.event.query()
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=self.group)
 
 
-def make_communicator(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
-    """Pick the implementation for this device; a single process needs no process group."""
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:
+def make_communicator(
+    group: dist.ProcessGroup | None, device: torch.device, *, force_group: bool = False
+) -> Communicator:
+    """Pick the implementation for this device. A single process needs no process group;
+    ``force_group`` uses the group's collectives even with one rank (tests the real path)."""
+    initialized = dist.is_available() and dist.is_initialized()
+    if force_group and not initialized:
+        raise RuntimeError(
+            "force_process_group needs an initialised process group (one rank is enough)"
+        )
+    if not initialized or (dist.get_world_size(group) == 1 and not force_group):
         return Communicator()
     if device.type == "cuda":
         return CudaStreamCommunicator(group, device)

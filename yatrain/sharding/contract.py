@@ -5,6 +5,11 @@ time, in forward order: for Llama the embedding, each decoder layer, the output 
 *norm modules* (gathered once per step as one small group), and can initialise one unit at
 a time. A model satisfies ``ShardableModel`` by having these methods; it never imports the
 engine.
+
+A unit whose backward does not read its own weights (an embedding: its gradient is a
+scatter-add of the output gradient) is not gathered again for its backward. A unit module
+declares it with a ``backward_reads_weights = False`` attribute; ``nn.Embedding`` needs no
+declaration.
 """
 
 from __future__ import annotations
@@ -39,6 +44,14 @@ class ShardableModel(Protocol):
     def init_norms_(self) -> None:
         """Initialise every norm module's weights in place."""
         ...
+
+
+def backward_reads_weights(unit: nn.Module) -> bool:
+    """Whether ``unit``'s backward reads its weights (see the module docstring)."""
+    declared = getattr(unit, "backward_reads_weights", None)
+    if declared is not None:
+        return bool(declared)
+    return not isinstance(unit, nn.Embedding)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,15 @@
 The model is described as an ordered list of units (embedding, decoder layers, output head)
 plus its norm modules (``contract.ShardableModel``). Each unit's weights are flattened and
 sharded across ranks; during a unit's forward and backward its parameters are views into a
-preallocated gather buffer (``buffers.py``, allocated once, never freed) and its gradient
-lands as one flat tensor in a preallocated gradient buffer. Norm weights (and any other 1-D
-parameter) form one small group gathered once and reduced once per step. The per-unit
-schedule of gathers and reductions lives in ``hooks.py``; the saved state in ``state.py``.
+preallocated gather buffer (sized by ``sizes.engine_buffers``, allocated once in
+``buffers.py``, never freed) and its gradient is reduce-scattered in pieces into the unit's
+fp32 gradient shard (``reduce.py``). Norm weights (and any other 1-D parameter) form one
+small group gathered once and reduced once per step. The per-unit schedule of gathers and
+reductions lives in ``hooks.py``; the saved state in ``state.py``.
+
+The fp32 gradient shard exists only from a step's first reduction to its ``after_step``:
+the first micro-batch's reductions write it (nothing is zeroed), later ones add to it, and
+no forward that does not need it holds it.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from yatrain.sharding.buffers import Buffer, GradSlot, gather_buffers, grad_slots
-from yatrain.sharding.comm import Communicator, Handle, make_communicator
-from yatrain.sharding.contract import InitHooks, ShardableModel
+from yatrain.sharding.buffers import Buffer, gather_buffers, grad_slots
+from yatrain.sharding.comm import Communicator, CudaStreamCommunicator, make_communicator
+from yatrain.sharding.contract import InitHooks, ShardableModel, backward_reads_weights
 from yatrain.sharding.hooks import UnitSchedule
 from yatrain.sharding.layout import plan_layouts
 from yatrain.sharding.materialize import materialize_shards
+from yatrain.sharding.reduce import PieceReducer, StreamReducer, ThreadReducer
+from yatrain.sharding.sizes import PIECE_NUMEL, EngineBuffers, engine_buffers
 from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
 
 
@@ -30,9 +37,10 @@ class ShardedEngine(UnitSchedule):
     """Owns the model's weights as flat shards and drives gathers and reductions via hooks.
 
     Build it with ``ShardedEngine.from_model``. The caller runs forward/backward as usual,
-    then ``reduce_gradients()``, ``clip_grad_norm_()``, ``optimizer.step()`` and
-    ``after_step()`` (``yatrain.train.step.train_step`` is that sequence). The engine owns
-    its state: ``param_groups()`` for the optimizer, ``sharded_state()`` and
+    then ``reduce_gradients()``, ``clip_grad_norm_()`` (which also averages the gradients
+    over ranks and micro-batches, in the same pass as the clipping), ``optimizer.step()``
+    and ``after_step()`` (``yatrain.train.step.train_step`` is that sequence). The engine
+    owns its state: ``param_groups()`` for the optimizer, ``sharded_state()`` and
     ``state_layout`` for checkpoints.
     """
 
@@ -46,24 +54,32 @@ class ShardedEngine(UnitSchedule):
         reduce_dtype: torch.dtype = torch.float32,
         prefetch_depth: int = 1,
         group: dist.ProcessGroup | None = None,
+        force_process_group: bool = False,
+        piece_numel: int = PIECE_NUMEL,
     ) -> None:
         if prefetch_depth < 1:
             raise ValueError("prefetch_depth must be at least 1")
         self.device = torch.device(device)
-        self.comm: Communicator = make_communicator(group, self.device)
+        self.comm: Communicator = make_communicator(
+            group, self.device, force_group=force_process_group
+        )
         self.world_size, self.rank = self.comm.world_size, self.comm.rank
-        self.direct = self.world_size == 1
+        self.direct = type(self.comm) is Communicator  # one process, no group: no buffers
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
-        self.prefetch_depth = prefetch_depth
+        self.prefetch_depth, self.piece_numel = prefetch_depth, piece_numel
         units, norms = list(model.units()), list(model.norm_modules())
         self.n_units = len(units)
+        self.reads_weights = [backward_reads_weights(unit) for unit in units]
 
         self.layouts, self.small, self.n_norm_slots = plan_layouts(
             model, units, norms, self.world_size
         )
+        self.plan = self.buffer_plan()
         self._materialize(units, norms, init)
         self._allocate_buffers()
         self._reset_step_state()
+        self._grad_scale: float | None = None  # averaging left for clip_grad_norm_
+        self._norms = torch.empty(self.n_units + 1, device=self.device)  # per-shard norms
         for index, unit in enumerate(units):
             unit.register_forward_pre_hook(functools.partial(self._pre_forward, index))
             unit.register_forward_hook(functools.partial(self._post_forward, index))
@@ -81,8 +97,24 @@ class ShardedEngine(UnitSchedule):
         """Shard a meta-device ``model``: each rank materialises one unit at a time, fills
         it (``init``, default: the model's own initialisation from ``seed``) and keeps only
         its shard. ``options``: ``param_dtype``, ``reduce_dtype``, ``prefetch_depth``,
-        ``group``."""
+        ``group``, ``force_process_group`` (use the process group's collectives and the
+        buffers even with one rank, as with many: how one GPU tests the real path),
+        ``piece_numel`` (elements per rank of one reduce-scatter piece, ``sizes.py``)."""
         return cls(model, init or InitHooks.from_seed(model, seed), device=device, **options)
+
+    def buffer_plan(self) -> EngineBuffers:
+        """What this engine preallocates (``sizes.engine_buffers`` over its layouts)."""
+        return engine_buffers(
+            [layout.numel for layout in self.layouts],
+            [len(layout.slots) == 1 for layout in self.layouts],
+            self.small.numel,
+            world_size=self.world_size,
+            param_dtype=self.param_dtype,
+            reduce_dtype=self.reduce_dtype,
+            prefetch_depth=self.prefetch_depth,
+            direct=self.direct,
+            piece_numel=self.piece_numel,
+        )
 
     # ------------------------------------------------------------------ construction
     def _materialize(self, units, norms, init: InitHooks) -> None:
@@ -92,18 +124,17 @@ class ShardedEngine(UnitSchedule):
             init_unit=init.unit, init_norms=init.norms, device=self.device, rank=self.rank,
         )  # fmt: skip
         self.unit_master = self._unit_views(self.master)
-
-        # Parameters the optimizer sees: one flat tensor with weight decay, one without.
-        self.flat_param = nn.Parameter(self.master)
-        self.flat_param.grad = torch.zeros_like(self.master)
+        # Parameters the optimizer sees: each unit's shard (a view of the flat master, with
+        # weight decay) and the small group's (without). Each unit's fp32 gradient shard is
+        # its own tensor, so it exists only once the unit has been reduced in a step.
+        self.unit_params = [nn.Parameter(view) for view in self.unit_master]
         self.small_param = nn.Parameter(self.small_master)
         self.small_param.grad = torch.zeros_like(self.small_master)
-        self.unit_grad = self._unit_views(self.flat_param.grad)
-        # The copy used as all-gather input: the master itself in fp32, else a cast copy.
-        same = self.param_dtype == torch.float32
-        self.compute = self.master if same else self.master.to(self.param_dtype)
-        self.small_compute = self.small_master if same else self.small_master.to(self.param_dtype)
-        self.unit_compute = self._unit_views(self.compute)
+        # One process in bf16: the model computes from a bf16 copy of the whole shard.
+        self.compute = self.small_compute = None
+        if self.direct and self.param_dtype != torch.float32:
+            self.compute = self.master.to(self.param_dtype)
+            self.small_compute = self.small_master.to(self.param_dtype)
 
     def _unit_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each unit's shard inside a tensor laid out like the flat master."""
@@ -113,90 +144,136 @@ class ShardedEngine(UnitSchedule):
         ]
 
     def _allocate_buffers(self) -> None:
-        """Gather buffers and gradient slots (buffers.py); at world size 1 every unit
-        computes straight from its shard, and fp32 gradients land straight in theirs."""
-        pdt, rdt = self.param_dtype, self.reduce_dtype
+        """Exactly what ``self.plan`` says; at world size 1 without a process group every
+        unit computes straight from its shard (or its bf16 copy)."""
+        plan, dev = self.plan, self.device
+        single = [len(layout.slots) == 1 for layout in self.layouts]
+        self.slot_of = grad_slots(single, plan, dev)
+        self.reducer: PieceReducer | None = None
         if self.direct:
-            self.buffer_of = [
-                Buffer(compute, owner=i, fixed=True) for i, compute in enumerate(self.unit_compute)
-            ]
+            source = self.unit_master if self.compute is None else self._unit_views(self.compute)
+            self.buffer_of = [Buffer(view, owner=i, fixed=True) for i, view in enumerate(source)]
+            self.small_buffer = self.small_master if self.compute is None else self.small_compute
         else:
-            self.buffer_of = gather_buffers(self.layouts, self.prefetch_depth, pdt, self.device)
-        grads_direct = self.direct and pdt == torch.float32
-        staging = not self.direct and pdt != rdt  # bf16 gradients, fp32 reduction
-        self.slot_of: list[GradSlot | None] = (
-            [None] * self.n_units
-            if grads_direct
-            else grad_slots(self.layouts, pdt, rdt, staging, self.device)
+            self.buffer_of = gather_buffers(self.n_units, plan, dev)
+            self.small_buffer = torch.empty(plan.small_gather.numel, dtype=plan.small_gather.dtype,
+                                            device=dev)  # fmt: skip
+            self.reducer = self._make_reducer()
+        # The small group's gradient accumulates over micro-batches in the parameter dtype
+        # (in place in its fp32 shard when that is what it is) and is reduced once.
+        spec = plan.small_grad
+        self.small_grad = (
+            self.small_param.grad
+            if spec.count == 0
+            else torch.zeros(spec.numel, dtype=spec.dtype, device=dev)
         )
-        self._staging: Handle | None = None  # the last reduce-scatter that used staging
+        spec = plan.small_out
+        self.small_out = (
+            torch.empty(spec.numel, dtype=spec.dtype, device=dev) if spec.count else None
+        )
 
-        # The small group (norms): gathered once per step, its gradient reduced once.
-        small_n = self.small.padded_numel
-        zeros = functools.partial(torch.zeros, device=self.device)
-        self.small_buffer = self.small_compute if self.direct else zeros(small_n, dtype=pdt)
-        self.small_grad = (  # accumulates over micro-batches
-            self.small_param.grad if grads_direct else zeros(small_n, dtype=pdt)
+    def _make_reducer(self) -> PieceReducer:
+        """The reduce-scatter pieces' staging and output buffers, and who issues them."""
+        staging, out = self.plan.staging, self.plan.reduce_out
+        buffers = (
+            torch.empty(staging.numel, dtype=staging.dtype, device=self.device),
+            torch.empty(out.numel, dtype=out.dtype, device=self.device),
+            self.plan.piece_numel,
         )
-        self.small_out = None if self.direct else zeros(self.small.shard_numel, dtype=rdt)
+        if isinstance(self.comm, CudaStreamCommunicator):
+            return StreamReducer(self.comm, *buffers)
+        return ThreadReducer(self.comm.second_group(), *buffers)  # gloo: see reduce.py
+
+    def _grad_shard(self, unit: int) -> torch.Tensor:
+        """Unit ``unit``'s fp32 gradient shard, allocated (not zeroed) at the unit's first
+        reduction in a step, which writes all of it; freed by ``after_step``."""
+        param = self.unit_params[unit]
+        if param.grad is None:
+            param.grad = torch.empty_like(param)
+        return param.grad
 
     # ------------------------------------------------------------------ the step
     def reduce_gradients(self) -> None:
-        """Finish every reduction of this step and average over ranks and micro-batches."""
+        """Finish every reduction of this step. The averaging over ranks and micro-batches
+        is left to ``clip_grad_norm_``, which does it in the same pass as the clipping:
+        call it (``max_norm=0`` to only average) before ``optimizer.step()``."""
         for index, state in enumerate(self.state):
             if state != "done" and self.leaves[index]:
                 names = [s.name for s in self.layouts[index].slots]
                 raise RuntimeError(f"unit {index} ({names[0]}, ...) received no gradient")
-        for handle in self.pending:
-            self.comm.wait(handle)
-        self.pending.clear()
+        if self.reducer is not None:
+            self.reducer.drain()
+        for param in self.unit_params:  # no backward at all this step
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        self._reduce_small()
+        self._grad_scale = 1.0 / (self.world_size * max(self.micro_batches, 1))
+
+    def _reduce_small(self) -> None:
+        grad = self.small_param.grad
         if self.direct:
-            if self.small_grad is not self.small_param.grad:
-                self.small_param.grad.add_(self.small_grad)
+            if self.small_grad is not grad:
+                grad.copy_(self.small_grad)
+            return
+        full = self.small_grad.to(self.reduce_dtype)
+        if self.small_out is None:  # fp32: straight into the shard
+            self.comm.wait(self.comm.reduce_scatter(grad, full))
         else:
-            full = self.small_grad
-            if full.dtype != self.reduce_dtype:
-                full = full.to(self.reduce_dtype)
             self.comm.wait(self.comm.reduce_scatter(self.small_out, full))
-            self.small_param.grad.add_(self.small_out)
-        scale = 1.0 / (self.world_size * max(self.micro_batches, 1))
-        if scale != 1.0:
-            self.flat_param.grad.mul_(scale)
-            self.small_param.grad.mul_(scale)
+            grad.copy_(self.small_out)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Exact global L2 norm across all shards (one all-reduce); clip when max_norm > 0."""
-        # vector_norm reduces in place: no temporary the size of the gradient shard.
-        squares = (
-            torch.linalg.vector_norm(self.flat_param.grad) ** 2
-            + torch.linalg.vector_norm(self.small_param.grad) ** 2
-        )
+        """Average the gradients (see ``reduce_gradients``) and return their exact global L2
+        norm across all shards (one all-reduce); clip to ``max_norm`` when it is > 0. One
+        pass over the gradient shard scales by both factors."""
+        scale = self._grad_scale if self._grad_scale is not None else 1.0
+        self._grad_scale = None
+        grads = [p.grad for p in self.unit_params] + [self.small_param.grad]
+        # vector_norm reduces in place: no temporary the size of a gradient shard.
+        norms = self._norms
+        for index, grad in enumerate(grads):
+            torch.linalg.vector_norm(grad, out=norms[index])
+        squares = torch.dot(norms, norms)
         self.comm.all_reduce_sum(squares)
-        norm = squares.sqrt()
+        norm = squares.sqrt() * scale
+        factor = None
         if max_norm > 0:
-            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-            self.flat_param.grad.mul_(coef)
-            self.small_param.grad.mul_(coef)
+            factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0) * scale
+        elif scale != 1.0:
+            factor = scale
+        if factor is not None:
+            for g in grads:
+                g.mul_(factor)
         return norm
 
     def after_step(self) -> None:
-        """Refresh the gather inputs from the updated masters; clear gradients and buffers."""
-        if self.compute is not self.master:
+        """Free the gradient shard, refresh a bf16 copy of the weights, mark buffers stale."""
+        if self._grad_scale is not None:
+            raise RuntimeError(
+                "reduce_gradients() leaves the averaging to clip_grad_norm_(), which was not "
+                "called before this step (call it with max_norm=0 to only average)"
+            )
+        if self.compute is not None:
             self.compute.copy_(self.master)
             self.small_compute.copy_(self.small_master)
-        self.flat_param.grad.zero_()
-        self.small_param.grad.zero_()
+        for param in self.unit_params:
+            param.grad = None
+        self.small_grad.zero_()
         if self.small_grad is not self.small_param.grad:
-            self.small_grad.zero_()
+            self.small_param.grad.zero_()
         for buf in self.buffer_of:
             if not buf.fixed:
                 buf.owner = None
+        for slot in self.slot_of:
+            if slot is not None:
+                slot.job = None  # landed; it would keep the gradient shard alive
         self._reset_step_state()
 
     def param_groups(self, weight_decay: float) -> list[dict]:
-        """Two flat tensors: unit weights (decayed) and the small group (norms, biases)."""
+        """Each unit's shard (decayed) and the small group's (norms, biases): one fused AdamW
+        call over a handful of tensors."""
         return [
-            {"params": [self.flat_param], "weight_decay": weight_decay},
+            {"params": list(self.unit_params), "weight_decay": weight_decay},
             {"params": [self.small_param], "weight_decay": 0.0},
         ]
 
@@ -213,23 +290,25 @@ class ShardedEngine(UnitSchedule):
         the fp32 master weights, and one group per optimizer state tensor shaped like the
         weights (AdamW: ``exp_avg``, ``exp_avg_sq``). Views, no copies: loading into them
         restores the engine."""
-        groups = {"model": (self.flat_param, self.small_param)}
+        params = [*self.unit_params, self.small_param]
+        groups = {"model": params}
         if optimizer is not None:
-            flat, small = optimizer.state[self.flat_param], optimizer.state[self.small_param]
-            for name, value in flat.items():
-                if torch.is_tensor(value) and value.shape == self.flat_param.shape:
-                    groups[name] = (value, small[name])
-        entries = self.state_layout
+            first = optimizer.state[params[0]]
+            for name, value in first.items():
+                if torch.is_tensor(value) and value.shape == params[0].shape:
+                    groups[name] = [optimizer.state[p][name] for p in params]
+        layouts = [*self.layouts, self.small]
         return {
-            group: shard_views(
-                entries, [*self.layouts, self.small], self.rank, [*self._unit_views(f), s]
-            )
-            for group, (f, s) in groups.items()
+            group: shard_views(self.state_layout, layouts, self.rank, pieces)
+            for group, pieces in groups.items()
         }
 
     @property
     def bytes_sent(self) -> int:
-        return self.comm.bytes_sent
+        """Bytes this rank sent in the engine's collectives (ring accounting, comm.py)."""
+        reducer = self.reducer
+        extra = reducer.comm.bytes_sent if reducer and reducer.comm is not self.comm else 0
+        return self.comm.bytes_sent + extra
 
     # ------------------------------------------------------------------ full weights
     @torch.no_grad()

@@ -2,9 +2,11 @@
 
 Before a unit's forward its weights are gathered (the next ``prefetch_depth`` units' gathers
 are issued ahead) and bound to the modules as views of the gather buffer; a gate on its
-output announces the start of its backward, where it is gathered again if it was evicted and
-its gradient views are bound into a gradient slot; once every weight of the unit has its
-gradient, the slot is reduce-scattered into the unit's fp32 gradient shard.
+output announces the start of its backward, where it is gathered again if it was evicted
+(unless its backward reads no weights, like an embedding's). Each weight's gradient arrives
+as the tensor autograd made: a unit with one weight tensor is reduce-scattered straight
+from it, the weights of other units are copied into a gradient buffer (no zeroing, no
+adding), which is reduce-scattered once the last of them has arrived (``reduce.py``).
 
 Ordering: the only rule is that a buffer is overwritten when its previous user is done with
 it. In forward that is any unit other than the one computing; in backward, units whose
@@ -20,7 +22,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from yatrain.sharding.comm import Handle
 from yatrain.sharding.layout import alias
 
 
@@ -40,7 +41,7 @@ class _BackwardGate(torch.autograd.Function):
 
 class UnitSchedule:
     """The hooks half of ``ShardedEngine`` (a mixin: the engine owns every attribute used
-    here: layouts, buffers, gradient slots, shards and the communicator)."""
+    here: layouts, buffers, gradient slots, shards, the communicator and the reducer)."""
 
     # ------------------------------------------------------------------ step state
     def _reset_step_state(self) -> None:
@@ -48,7 +49,8 @@ class UnitSchedule:
         self.state = ["idle"] * self.n_units  # idle | forward | backward | done
         self.leaves: list[list[torch.Tensor]] = [[] for _ in range(self.n_units)]
         self.waiting_grads = [0] * self.n_units
-        self.pending: list[Handle] = []
+        self.has_grad = [False] * self.n_units  # reduced at least once this step
+        self.last_job: list = [None] * self.n_units  # its latest reduction (ReduceJob)
         self.micro_batches = 0
         self.small_ready = False
 
@@ -56,7 +58,13 @@ class UnitSchedule:
         if self.small_ready:
             return
         if not self.direct:
-            self.comm.wait(self.comm.all_gather(self.small_buffer, self.small_compute))
+            before = None
+            if self.param_dtype != torch.float32:  # cast into this rank's slice, gather in place
+                own = self.small_buffer.narrow(0, self.rank * self.small.shard_numel,
+                                               self.small.shard_numel)  # fmt: skip
+                before = functools.partial(own.copy_, self.small_master)
+            handle = self.comm.all_gather(self.small_buffer, self.small_master, before=before)
+            self.comm.wait(handle)
         grads = alias(self.small_grad)
         for slot, view, grad in zip(
             self.small.slots,
@@ -75,8 +83,13 @@ class UnitSchedule:
         if buf.owner == unit:
             return
         buf.owner = unit
-        size = self.layouts[unit].padded_numel
-        buf.handle = self.comm.all_gather(buf.data[:size], self.unit_compute[unit])
+        layout, shard = self.layouts[unit], self.unit_master[unit]
+        full = buf.data[: layout.padded_numel]
+        before = None
+        if self.param_dtype != torch.float32:  # cast into this rank's slice, gather in place
+            own = full.narrow(0, self.rank * layout.shard_numel, layout.shard_numel)
+            before = functools.partial(own.copy_, shard)
+        buf.handle = self.comm.all_gather(full, shard, before=before)
 
     def _ensure_gathered(self, unit: int) -> torch.Tensor:
         self._gather(unit)
@@ -85,16 +98,21 @@ class UnitSchedule:
         return buf.alias
 
     def _prefetch(self, unit: int, step: int) -> None:
-        """Issue the next units' gathers (forward: step=+1, backward: -1) ahead of use."""
-        for k in range(1, self.prefetch_depth + 1):
-            target = unit + step * k
+        """Issue the next units' gathers (forward: step=+1, backward: -1) ahead of use;
+        in backward, units that read no weights there are passed over."""
+        target, issued = unit, 0
+        while issued < self.prefetch_depth:
+            target += step
             if not 0 <= target < self.n_units:
                 return
+            if step < 0 and not self.reads_weights[target]:
+                continue
             owner = self.buffer_of[target].owner
             busy = owner == unit if step > 0 else owner is not None and owner <= unit
             if owner != target and busy:
                 return  # keep order: never skip one unit to gather a later one
             self._gather(target)
+            issued += 1
 
     # ------------------------------------------------------------------ hooks
     def _pre_forward(self, unit: int, module: nn.Module, args) -> None:
@@ -106,15 +124,18 @@ class UnitSchedule:
             self.state = ["idle"] * self.n_units
             if torch.is_grad_enabled():
                 self.micro_batches += 1
+        self._pump()
         self._ensure_small()
         flat = self._ensure_gathered(unit)
         track = torch.is_grad_enabled()
         leaves = []
         layout = self.layouts[unit]
-        for slot, view in zip(layout.slots, layout.views(flat), strict=True):
+        for index, (slot, view) in enumerate(zip(layout.slots, layout.views(flat), strict=True)):
             if track:
                 view.requires_grad_(True)
-                view.register_post_accumulate_grad_hook(self._grad_hook(unit))
+                view.register_post_accumulate_grad_hook(
+                    functools.partial(self._grad_arrived, unit, index)
+                )
             setattr(slot.module, slot.attr, view)
             leaves.append(view)
         self.leaves[unit] = leaves if track else []
@@ -133,46 +154,52 @@ class UnitSchedule:
             return
         self.phase = "backward"
         self.state[unit] = "backward"
-        self._ensure_gathered(unit)
+        if self.reads_weights[unit]:
+            self._ensure_gathered(unit)
         self.waiting_grads[unit] = len(self.leaves[unit])
         slot = self.slot_of[unit]
-        if slot is None:  # world size 1 in fp32: accumulate straight into the grad shard
-            grads = self.layouts[unit].views(alias(self.unit_grad[unit]))
-        else:
-            self.comm.wait(slot.handle)  # the previous reduce-scatter has left this buffer
-            slot.data[: self.layouts[unit].padded_numel].zero_()
-            grads = self.layouts[unit].views(slot.alias)
-        for leaf, grad in zip(self.leaves[unit], grads, strict=True):
-            leaf.grad = grad
+        if slot is not None:  # the previous unit in this buffer must have left it
+            self.reducer.release(slot.job)
         self._prefetch(unit, -1)
 
-    def _grad_hook(self, unit: int) -> Callable[[torch.Tensor], None]:
-        def hook(_: torch.Tensor) -> None:
-            self.waiting_grads[unit] -= 1
-            if self.waiting_grads[unit] == 0:
-                self.state[unit] = "done"
-                self._reduce(unit)
+    def _grad_arrived(self, unit: int, index: int, leaf: torch.Tensor) -> None:
+        """One weight's gradient is in ``leaf.grad`` (autograd's own tensor): put it where
+        it goes and drop it; the unit's last one starts its reduction."""
+        grad, leaf.grad = leaf.grad, None
+        layout, slot = self.layouts[unit], self.slot_of[unit]
+        param = layout.slots[index]
+        if self.direct:  # one process: straight into the fp32 gradient shard
+            self._direct_grad(unit, param.offset, grad.reshape(-1), len(layout.slots) == 1)
+        elif slot is None:  # a single tensor: reduce-scatter autograd's tensor itself
+            self._submit(unit, grad.reshape(-1), layout.numel)
+        else:
+            slot.data.narrow(0, param.offset, param.numel).copy_(grad.reshape(-1))
+        del grad
+        self.waiting_grads[unit] -= 1
+        if self.waiting_grads[unit] == 0:
+            self.state[unit] = "done"
+            if slot is not None and not self.direct:
+                slot.data[layout.numel : layout.padded_numel].zero_()  # padding
+                slot.job = self._submit(unit, slot.data[: layout.padded_numel], layout.padded_numel)
+            self.has_grad[unit] = True
+        self._pump()
 
-        return hook
+    def _direct_grad(self, unit: int, offset: int, flat: torch.Tensor, single: bool) -> None:
+        """One process: the gradient shard is the unit's gradient. A unit's one fp32 tensor
+        becomes it as autograd made it (no copy); otherwise copy (cast) or add it in."""
+        shard = self.unit_params[unit]
+        if single and shard.grad is None and flat.dtype == shard.dtype:
+            shard.grad = flat
+            return
+        target = self._grad_shard(unit).narrow(0, offset, flat.numel())
+        target.add_(flat) if self.has_grad[unit] else target.copy_(flat)
 
-    def _reduce(self, unit: int) -> None:
-        slot = self.slot_of[unit]
-        if slot is None:
-            return
-        layout, shard_grad = self.layouts[unit], self.unit_grad[unit]
-        if self.direct:  # bf16 gradients, one process: accumulate into the fp32 shard
-            shard_grad.add_(slot.data[: layout.numel])
-            return
-        full = slot.data[: layout.padded_numel]
-        out = slot.out[: layout.shard_numel]
-        before = after = None
-        if slot.staging is not None:
-            staging = slot.staging[: layout.padded_numel]
-            before, after, full = functools.partial(staging.copy_, full), self._staging, staging
-        handle = self.comm.reduce_scatter(
-            out, full, before=before, after=after, then=functools.partial(shard_grad.add_, out)
-        )
-        if slot.staging is not None:
-            self._staging = handle
-        slot.handle = handle
-        self.pending.append(handle)
+    def _submit(self, unit: int, source: torch.Tensor, numel: int):
+        previous = self.last_job[unit] if self.has_grad[unit] else None
+        job = self.reducer.submit(source, numel, self._grad_shard(unit), previous)
+        self.last_job[unit] = job
+        return job
+
+    def _pump(self) -> None:
+        if self.reducer is not None:
+            self.reducer.pump()

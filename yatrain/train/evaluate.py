@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from yatrain.config import Recipe
@@ -144,13 +143,11 @@ class Evaluator:
         inputs = inputs.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         extra = self.model_inputs(inputs) if self.model_inputs is not None else {}
-        logits = model(inputs, **extra)
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )  # fmt: skip
+        # The model's fused, chunked loss (as in training): no logits for every token. It is
+        # the mean over predicted tokens (IGNORE_INDEX targets are padding).
+        mean = model(inputs, **extra, targets=targets)
         count = (targets != IGNORE_INDEX).sum()
-        return torch.stack([loss.double(), count.double()])
+        return torch.stack([mean.double() * count.double(), count.double()])
 
 
 def build_evaluator(

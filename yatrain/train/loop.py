@@ -49,8 +49,10 @@ def pretrain(
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
     background_saves = recipe.checkpoint.async_ and recipe.checkpoint.enabled
-    runtime = init_runtime(recipe.train.collective_timeout_s + BACKSTOP_S,
-                           single_rank_group=background_saves)  # fmt: skip
+    runtime = init_runtime(
+        recipe.train.collective_timeout_s + BACKSTOP_S,
+        single_rank_group=recipe.sharding.force_process_group or background_saves,
+    )
     run = None
     try:
         run = setup(recipe, runtime, recipe_name=recipe_name, run_dir=run_dir, resume=resume,
@@ -80,7 +82,8 @@ def train(run: Run) -> dict:
         for step_number in range(run.start_step + 1, total + 1):
             run.step_number = step_number
             run.watchdog.phase(f"step {step_number}")
-            outcome, lr = step(run, step_number, guard)
+            with run.profiler.step(step_number):
+                outcome, lr = step(run, step_number, guard)
             evaluation = None
             if run.evaluator.due(step_number, outcome.stop):
                 run.watchdog.phase(f"the evaluation after step {step_number}")
@@ -99,6 +102,7 @@ def train(run: Run) -> dict:
         run.loggers.summary(summary)
         return summary
     finally:
+        run.profiler.close()
         guard.restore()
 
 

@@ -48,7 +48,8 @@ class Runtime:
 def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -> Runtime:
     """Join the torchrun job if there is one (or use the caller's process group); pick
     cuda:LOCAL_RANK when a GPU is present. ``single_rank_group``: one process gets a
-    process group of its own too (asynchronous checkpoints write over one)."""
+    process group of its own too (``sharding.force_process_group``; asynchronous checkpoints
+    write over one)."""
     if dist.is_available() and dist.is_initialized():
         world_size, rank = dist.get_world_size(), dist.get_rank()
     else:

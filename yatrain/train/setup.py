@@ -28,6 +28,7 @@ from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
+from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
 from yatrain.train.runtime import Runtime
 from yatrain.train.watchdog import Watchdog
@@ -57,6 +58,7 @@ class Run:
     checkpointer: Checkpointer
     loggers: Loggers
     meter: StepMeter
+    profiler: StepProfiler
     evaluator: Evaluator
     lock: RunDirLock | None
     watchdog: Watchdog
@@ -102,6 +104,8 @@ def setup(
         start_step, skipped = checkpointer.restore(resume, loggers.say)
         loggers.open(run_dir, recipe, start_step)
         meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step)
+        profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
+                                start_step, loggers.say)  # fmt: skip
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
         loggers.say(
@@ -121,7 +125,7 @@ def setup(
             lock.release()
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
-               meter, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
+               meter, profiler, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
 
 
 def claim_run_dir(
@@ -172,7 +176,7 @@ def build_engine(
     """The model on the meta device (``layers`` of its decoder layers checkpointed), sharded
     by the engine as each rank materialises it (from ``train.init_from`` when set, else from
     the seed)."""
-    model = build_model(recipe.model, layers)
+    model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
     init = InitHooks.from_seed(model, recipe.train.seed)
     if recipe.train.init_from is not None:
         source = Path(recipe.train.init_from)
@@ -185,5 +189,6 @@ def build_engine(
         param_dtype=DTYPES[recipe.train.dtype],
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         prefetch_depth=recipe.sharding.prefetch_depth,
+        force_process_group=recipe.sharding.force_process_group,
     )
     return model, engine

@@ -3,10 +3,11 @@
 The training loop, the benchmarks and the tests all step through ``train_step``, so the
 order below lives in one place: forward and backward over the micro-batches (the engine
 reduce-scatters each unit's gradient as soon as it is complete), ``reduce_gradients`` (wait
-for the last reductions, average over ranks and micro-batches), ``clip_grad_norm_`` (exact
-global norm), the guard (all ranks agree whether to stop and whether the step is finite),
-``optimizer.step`` only for a finite step, the guard's check that the updated weights are
-finite, ``after_step`` (refresh the gather inputs, clear gradients and buffers).
+for the last reductions), ``clip_grad_norm_`` (exact global norm; it also averages over
+ranks and micro-batches, in the same pass as the clipping), the guard (all ranks agree
+whether to stop and whether the step is finite), ``optimizer.step`` only for a finite step,
+the guard's check that the updated weights are finite, ``after_step`` (free the gradient
+shards, mark the gather buffers stale).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from yatrain.train.guard import StepGuard
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro, seq_len]
 # Extra model arguments derived from a micro-batch's inputs (document ids, positions).
 ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+# The mean loss of a micro-batch: (model, inputs, targets, extra model arguments) -> loss.
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, dict], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -42,19 +45,31 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def model_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, extra: dict):
+    """The model's own loss (what training uses): Llama's output head fused with the
+    cross-entropy, chunk by chunk, never holding logits for every token."""
+    return model(inputs, **extra, targets=targets)
+
+
+def logits_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, extra: dict):
+    """The plain loss: logits for every token, then ``cross_entropy`` (the benchmarks'
+    common ground with FSDP2 and DDP)."""
+    return cross_entropy(model(inputs, **extra), targets)
+
+
 def forward_backward(
     model: nn.Module,
     micro_batches: Sequence[MicroBatch],
     device: torch.device,
     model_inputs: ModelInputs | None = None,
+    loss_fn: LossFn = model_loss,
 ) -> torch.Tensor:
     """Forward and backward of every micro-batch; returns the sum of their losses."""
     loss_sum = torch.zeros((), device=device)
     for inputs, targets in micro_batches:
         inputs = inputs.to(device, non_blocking=True)
         extra = model_inputs(inputs) if model_inputs is not None else {}
-        logits = model(inputs, **extra)
-        loss = cross_entropy(logits, targets.to(device, non_blocking=True))
+        loss = loss_fn(model, inputs, targets.to(device, non_blocking=True), extra)
         loss.backward()
         loss_sum += loss.detach()
     return loss_sum
@@ -69,13 +84,15 @@ def train_step(
     grad_clip: float,
     guard: StepGuard | None = None,
     model_inputs: ModelInputs | None = None,
+    loss_fn: LossFn = model_loss,
 ) -> StepOutcome:
     """One optimizer step over this rank's micro-batches (see the module docstring).
 
     Without a guard every step is applied; with one, a non-finite step is not, and the
     caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
-    per micro-batch (the loader's document ids and positions)."""
-    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs)
+    per micro-batch (the loader's document ids and positions); ``loss_fn`` is the model's
+    own fused loss unless a comparison needs the plain one (``logits_loss``)."""
+    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs, loss_fn)
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
     stop, nonfinite = guard.check(loss_sum, grad_norm) if guard else (False, False)

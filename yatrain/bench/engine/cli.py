@@ -10,9 +10,16 @@ world size. Two kinds of runs, all in one invocation:
   figures are medians over all measured steps of all repeats.
 - memory: each contender alone in its own fresh rank processes (warm-up + --mem-steps).
 
-  python scripts/bench_engine.py                      # world 2 on gloo: yatrain, fsdp2, ddp
-  python scripts/bench_engine.py --world-size 1       # yatrain vs a bare PyTorch step
+  python scripts/bench_engine.py                  # world 2, bf16 weights, fp32 reduce
+  python scripts/bench_engine.py --dtype fp32     # all in fp32
+  python scripts/bench_engine.py --world-size 1   # yatrain vs a bare PyTorch step
   python scripts/bench_engine.py --device cuda ...    # NCCL / CUDA (see scripts/bench_gpu.sh)
+
+The default is the configuration GPU users run, bf16 weights with fp32 gradient reduction,
+and two comparisons with FSDP2 (``fully_shard`` per layer and root, ``MixedPrecisionPolicy``,
+the plain loss): the engine alone (``yatrain``: the same plain loss as FSDP2) and the
+product (``yatrain-chunked``: the loss ``yatrain pretrain`` uses, the output head fused with
+the cross-entropy, chunk by chunk).
 
 What is measured, per contender:
 - step time: wall time of one optimizer step (all micro-batches' forward/backward, gradient
@@ -43,6 +50,7 @@ from yatrain.bench.engine.harness import run_all
 from yatrain.bench.engine.report import report
 from yatrain.bench.measure import load_average
 from yatrain.common import DTYPES
+from yatrain.config import LOSS_CHUNK_TOKENS
 
 
 def _model_flags(add) -> None:
@@ -56,10 +64,12 @@ def _model_flags(add) -> None:
     add(
         "--dtype",
         choices=tuple(DTYPES),
-        default="fp32",
+        default="bf16",
         help="compute/communication dtype of weights (masters stay fp32)",
     )
     add("--reduce-dtype", choices=tuple(DTYPES), default="fp32")
+    add("--loss-chunk-tokens", type=int, default=LOSS_CHUNK_TOKENS,
+        help="yatrain-chunked: tokens per chunk of the fused loss")  # fmt: skip
     add("--ac-layers", type=int, default=0, help="activation-checkpoint the first N decoder layers")
     add("--prefetch-depth", type=int, default=1, help="yatrain prefetch depth")
     add("--seed", type=int, default=0)
@@ -72,8 +82,8 @@ def _run_flags(add) -> None:
     add(
         "--contenders",
         default=None,
-        help="comma list of yatrain,fsdp2,ddp,bare (default: "
-        "yatrain,fsdp2,ddp at world > 1, yatrain,bare at world 1)",
+        help="comma list of " + ",".join(CONTENDERS) + " (default: yatrain,yatrain-chunked,"
+        "fsdp2 at world > 1, yatrain,bare at world 1)",
     )
     counts = [("steps", 5, "measured steps per run"), ("warmup", 2, "unmeasured steps per run"),
               ("mem-steps", 2, "steps after warm-up in the memory runs"),
@@ -101,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _parser()
     args = p.parse_args(argv)
     if args.contenders is None:
-        args.contenders = "yatrain,fsdp2,ddp" if args.world_size > 1 else "yatrain,bare"
+        args.contenders = "yatrain,yatrain-chunked,fsdp2" if args.world_size > 1 else "yatrain,bare"
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     for c in args.contenders:
         if c not in CONTENDERS:

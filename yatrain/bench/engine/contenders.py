@@ -1,7 +1,12 @@
 """The engine benchmark's contenders, each built from the same model, weights and batches.
 
 - yatrain: ``ShardedEngine.from_model`` + ``build_optimizer`` (fused AdamW over the flat
-  shards), stepped by ``train_step``, exactly as the training loop does.
+  shards), stepped by ``train_step`` with the plain loss (logits for every token, then
+  cross-entropy), the loss every other contender uses: the engine alone is compared.
+- yatrain-chunked: the same with the model's own loss (the output head fused with the
+  cross-entropy, chunk by chunk), exactly what ``yatrain pretrain`` runs: the product.
+- yatrain-pg: yatrain with ``force_process_group``: the buffered path (gathers,
+  reduce-scatters, the communication stream) even with one rank.
 - fsdp2: ``fully_shard`` on every decoder layer, then the root, ``MixedPrecisionPolicy``,
   foreach AdamW over the DTensor parameters; reduce-scatters every micro-batch.
 - ddp: ``DistributedDataParallel`` of the whole model, ``no_sync`` on all but the last
@@ -28,9 +33,9 @@ from yatrain.config import ModelConfig, OptimConfig
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
 from yatrain.train.optim import build_optimizer
-from yatrain.train.step import cross_entropy, train_step
+from yatrain.train.step import cross_entropy, logits_loss, model_loss, train_step
 
-CONTENDERS = ("yatrain", "fsdp2", "ddp", "bare")
+CONTENDERS = ("yatrain", "yatrain-chunked", "yatrain-pg", "fsdp2", "ddp", "bare")
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0
 
 
@@ -58,11 +63,12 @@ def _opt_kind(opt: torch.optim.Optimizer) -> str:
     return "(fused)" if d.get("fused") else "(foreach)" if d.get("foreach") else ""
 
 
-def build_yatrain(o: dict, device: torch.device) -> Trainer:
-    model = build_model(model_config(o), o["ac_layers"])
+def build_yatrain(o: dict, device: torch.device, loss_fn=logits_loss, force=False) -> Trainer:
+    model = build_model(model_config(o), o["ac_layers"], o["loss_chunk_tokens"])
     engine = ShardedEngine.from_model(
         model, device=device, seed=o["seed"], param_dtype=DTYPES[o["dtype"]],
         reduce_dtype=DTYPES[o["reduce_dtype"]], prefetch_depth=o["prefetch_depth"],
+        force_process_group=force,
     )  # fmt: skip
     optim_cfg = OptimConfig(
         lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, grad_clip=CLIP
@@ -70,7 +76,7 @@ def build_yatrain(o: dict, device: torch.device) -> Trainer:
     opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), optim_cfg)
 
     def step(micros):
-        return train_step(model, engine, opt, micros, grad_clip=CLIP).loss
+        return train_step(model, engine, opt, micros, grad_clip=CLIP, loss_fn=loss_fn).loss
 
     extra = {"optimizer": type(opt).__name__ + _opt_kind(opt)}
     return Trainer(step, engine_bytes=lambda: engine.bytes_sent, extra=extra)
@@ -136,4 +142,11 @@ def build_bare(o: dict, device: torch.device) -> Trainer:
     return _replicated_trainer(model, model, device, o["dtype"])
 
 
-BUILDERS = {"yatrain": build_yatrain, "fsdp2": build_fsdp2, "ddp": build_ddp, "bare": build_bare}
+BUILDERS = {
+    "yatrain": build_yatrain,
+    "yatrain-chunked": lambda o, device: build_yatrain(o, device, loss_fn=model_loss),
+    "yatrain-pg": lambda o, device: build_yatrain(o, device, force=True),
+    "fsdp2": build_fsdp2,
+    "ddp": build_ddp,
+    "bare": build_bare,
+}

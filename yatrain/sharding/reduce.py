@@ -1,0 +1,222 @@
+"""Gradient reduce-scatter in pieces, through one small staging buffer, into the fp32 shard.
+
+A unit's full gradient (``W x S`` elements at world size W, shard length S) is viewed as W
+rows of S. Piece c is the columns ``[c*s, (c+1)*s)`` of every row: copied (and cast to the
+reduce dtype) into the staging buffer, which is then exactly the input a reduce-scatter
+wants, and its result is this rank's shard elements ``[c*s, (c+1)*s)``. On a step's first
+micro-batch the result is written straight into the fp32 gradient shard; on later ones it
+goes to a piece-sized output buffer and is added. When no cast is needed and nothing is
+accumulated, the whole unit is reduce-scattered straight from its gradient into its shard.
+
+Pieces go out one after another, each reusing the staging buffer once the previous one is
+done with it:
+
+- CUDA (``StreamReducer``): at once, all of them: the communication stream runs them in
+  order, so the staging buffer is free for the next piece by construction.
+- gloo (``ThreadReducer``): a collective must finish before its staging buffer is refilled,
+  which would stall the backward pass if the training thread waited for it. A helper thread
+  issues the pieces instead, one after another, on a process group of its own (so the order
+  of collectives on each group is the same on every rank). The training thread only waits
+  when it needs a gradient buffer back or the step's gradients (``release``, ``drain``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from yatrain.sharding.comm import Communicator, Handle
+
+
+@dataclass
+class ReduceJob:
+    """One gradient on its way into a shard. ``source`` stays referenced until every piece
+    has read it; ``handles`` are its collectives."""
+
+    source: torch.Tensor | None  # numel <= W x S elements: autograd's own gradient tensor
+    numel: int  # may be shorter than the padded length; the missing tail counts as zero
+    shard: torch.Tensor  # this rank's fp32 shard of the unit, S elements
+    accumulate: bool
+    pieces: int
+    direct: bool = False  # one reduce-scatter reading the source itself
+    issued: int = 0
+    landed: bool = False  # every collective finished and its result is in the shard
+    handles: list[Handle] = field(default_factory=list)
+
+    @property
+    def fully_issued(self) -> bool:
+        return self.issued == self.pieces
+
+
+class PieceReducer:
+    """The pieces of every job, issued in submission order (see the module docstring)."""
+
+    def __init__(
+        self, comm: Communicator, staging: torch.Tensor, out: torch.Tensor, piece: int
+    ) -> None:
+        self.comm, self.staging, self.out, self.piece = comm, staging, out, piece
+        self.world = comm.world_size
+
+    def new_job(
+        self, source: torch.Tensor, numel: int, shard: torch.Tensor, previous: ReduceJob | None
+    ) -> ReduceJob:
+        """``source`` (a unit's full gradient, ``numel`` real elements) into ``shard``,
+        added to ``previous`` (the unit's reduction of an earlier micro-batch, if any)."""
+        accumulate = previous is not None
+        if not accumulate and numel == shard.numel() * self.world and source.dtype == shard.dtype:
+            return ReduceJob(source, numel, shard, accumulate, pieces=1, direct=True)
+        pieces = -(-shard.numel() // self.piece)
+        return ReduceJob(source, numel, shard, accumulate, pieces)
+
+    def issue_piece(self, job: ReduceJob) -> Handle:
+        """Issue ``job``'s next piece; the previous piece must be done with the staging."""
+        if job.direct:
+            handle = self.comm.reduce_scatter(job.shard, job.source[: job.numel])
+        else:
+            column = job.issued * self.piece
+            width = min(self.piece, job.shard.numel() - column)
+            staging = self.staging[: self.world * width]
+            target = job.shard.narrow(0, column, width)
+            before = functools.partial(
+                _stage_piece, job.source, job.numel, job.shard.numel(), staging, column, width
+            )
+            if job.accumulate or self.out.dtype != target.dtype:
+                out = self.out[:width]
+                then = functools.partial(target.add_ if job.accumulate else target.copy_, out)
+                handle = self.comm.reduce_scatter(out, staging, before=before, then=then)
+            else:  # the first micro-batch: straight into the fp32 shard
+                handle = self.comm.reduce_scatter(target, staging, before=before)
+        job.issued += 1
+        job.handles.append(handle)
+        return handle
+
+
+class StreamReducer(PieceReducer):
+    """CUDA: every piece is issued as soon as its job is submitted."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.pending: list[ReduceJob] = []
+
+    def submit(self, source, numel, shard, previous) -> ReduceJob:
+        job = self.new_job(source, numel, shard, previous)
+        while not job.fully_issued:
+            self.issue_piece(job)
+        self.pending.append(job)
+        self.pump()
+        return job
+
+    def pump(self) -> None:
+        """Let go of sources whose collectives have finished (autograd's gradients)."""
+        for job in self.pending:
+            if job.source is not None and all(self.comm.finished(h) for h in job.handles):
+                job.source = None
+
+    def release(self, job: ReduceJob | None) -> None:
+        """Make the compute stream wait until ``job`` no longer reads its source."""
+        if job is not None and job.source is not None:
+            for handle in job.handles:
+                self.comm.wait(handle)
+            job.source = None
+
+    def drain(self) -> None:
+        for job in self.pending:
+            self.release(job)
+            job.landed = True
+        self.pending.clear()
+
+
+class ThreadReducer(PieceReducer):
+    """gloo: a helper thread issues the pieces in order and waits for each (see above)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.queue: deque[ReduceJob] = deque()
+        self.cond = threading.Condition()
+        self.busy = False  # the helper holds a job it has not finished
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def submit(self, source, numel, shard, previous) -> ReduceJob:
+        if previous is not None:  # gloo may finish collectives out of order: ours adds
+            self._wait_for(lambda: previous.landed)
+        job = self.new_job(source, numel, shard, previous)
+        with self.cond:
+            if self.thread is None:  # started in the process that uses it (ranks fork)
+                self.thread = threading.Thread(target=self._run, daemon=True)
+                self.thread.start()
+            self.queue.append(job)
+            self.cond.notify_all()
+        return job
+
+    def pump(self) -> None:
+        """Nothing to do: the helper thread makes progress by itself."""
+
+    def release(self, job: ReduceJob | None) -> None:
+        """Block until ``job`` no longer reads its source (its gradient buffer is free)."""
+        if job is not None:
+            # Pieces are copied into the staging buffer before they are issued; a direct
+            # reduce-scatter reads its source until it lands.
+            self._wait_for(lambda: job.landed if job.direct else job.fully_issued)
+
+    def drain(self) -> None:
+        """Block until every submitted job has landed in its shard."""
+        self._wait_for(lambda: not self.queue and not self.busy)
+
+    def _wait_for(self, ready) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: ready() or self.error is not None)
+            if self.error is not None:  # as raised in the helper thread (e.g. a lost peer)
+                raise self.error
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    self.cond.wait_for(lambda: self.queue)
+                    job = self.queue[0]
+                    self.busy = True
+                while not job.fully_issued:
+                    handle = self.issue_piece(job)  # the copy into staging is done here
+                    with self.cond:
+                        self.cond.notify_all()
+                    self.comm.wait(handle)  # the staging and out buffers are free again
+                job.source = None
+                with self.cond:
+                    job.landed = True
+                    self.queue.popleft()
+                    self.busy = False
+                    self.cond.notify_all()
+                del job, handle  # idle: hold no gradient (nor its shard) until the next job
+        except BaseException as error:  # surfaced to the training thread
+            with self.cond:
+                self.error = error
+                self.cond.notify_all()
+
+
+def _stage_piece(
+    source: torch.Tensor,
+    numel: int,
+    shard_len: int,
+    staging: torch.Tensor,
+    column: int,
+    width: int,
+) -> None:
+    """Copy (and cast) columns ``[column, column + width)`` of ``source`` seen as W rows of
+    ``shard_len`` into ``staging`` (W x width); elements at or past ``numel`` are zero."""
+    world = staging.numel() // width
+    rows = staging.view(world, width)
+    full = min(world, numel // shard_len)  # rows that exist entirely in the source
+    if full:
+        rows[:full].copy_(source[: full * shard_len].view(full, shard_len)[:, column:][:, :width])
+    if full < world:
+        start = full * shard_len + column
+        present = max(0, min(width, numel - start))
+        if present:
+            rows[full, :present].copy_(source[start : start + present])
+        rows[full, present:].zero_()
+        rows[full + 1 :].zero_()

@@ -1,0 +1,167 @@
+"""How many buffers the engine preallocates, of which sizes and dtypes: one pure function.
+
+The engine allocates exactly what ``engine_buffers`` returns and the memory planner calls the
+same function over meta-device layouts, so the two cannot drift apart. Inputs are what the
+engine knows before it allocates anything: each unit's element count, whether its gradient
+arrives as a single tensor, the norm group's size, world size, dtypes and prefetch depth.
+
+The rules, and why:
+
+- Gather buffers rotate: ``prefetch_depth + 1`` of them, consecutive units taking turns. The
+  edge units (first and last, e.g. embedding and output head) either join the rotation, so
+  every buffer is sized by the largest unit, or own one extra buffer, so the rotation is
+  sized by the largest inner unit. Whichever costs fewer bytes is chosen: with a vocabulary
+  much larger than a layer (Llama 3 8B) the extra buffer is cheaper; when edge and layer
+  are close (Llama 3 70B) rotating is.
+- In bf16 each gather first casts this rank's fp32 shard into its own slice of the gather
+  buffer and then all-gathers in place: no bf16 copy of the shard is kept, and no input
+  buffer is needed.
+- Gradient buffers: two, taking turns, sized by the largest unit with several weight
+  tensors. A unit with a single weight tensor (an embedding, an output head) produces its
+  gradient as one fresh tensor anyway (autograd allocates it), so the engine reduces that
+  tensor directly and needs no buffer for it.
+- Reduce-scatter staging: a gradient is cast and reduce-scattered in pieces of
+  ``piece_numel`` elements per rank through one small staging buffer of ``world x piece``
+  elements in the reduce dtype; each piece's result lands in its place of the fp32 gradient
+  shard (straight into it on the first micro-batch, through one piece-sized output buffer
+  and an add on later ones). Nothing the size of a whole unit is staged.
+- World size 1 without a process group (``direct``): parameters are views of the shard
+  (or of its bf16 copy), so there are no gather buffers, and each gradient is copied (cast)
+  into the fp32 gradient shard as it arrives: no gradient buffers either. The norm group's
+  gradient accumulates in its own buffer when it is bf16.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+PIECE_NUMEL = 2**18  # per rank: 1 MiB of fp32 per rank and piece
+STAGING_MAX_NUMEL = 2**26  # the staging buffer never exceeds 256 MiB of fp32, at any world size
+
+
+def padded(numel: int, world_size: int) -> int:
+    """A unit's flat length rounded up to a multiple of the world size."""
+    return math.ceil(numel / world_size) * world_size
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """``count`` buffers of ``numel`` elements of ``dtype`` each."""
+
+    count: int
+    numel: int
+    dtype: torch.dtype
+
+    @property
+    def bytes(self) -> int:
+        return self.count * self.numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class EngineBuffers:
+    """Every buffer the engine preallocates on one rank."""
+
+    gather: BufferSpec  # the rotation of unit gather buffers
+    edge_gather: BufferSpec  # count 0: the edge units rotate with the others
+    grad: BufferSpec  # gradient buffers of units with several weight tensors
+    staging: BufferSpec  # reduce-scatter input, one piece of every rank's shard
+    reduce_out: BufferSpec  # one piece of this rank's shard, for accumulating micro-batches
+    small_gather: BufferSpec  # the norm group, gathered once per step
+    small_grad: BufferSpec
+    small_out: BufferSpec
+    piece_numel: int  # per rank, elements of one reduce-scatter piece
+
+    @property
+    def edge_owns_gather(self) -> bool:
+        return self.edge_gather.count > 0
+
+    def gather_bytes(self) -> int:
+        return self.gather.bytes + self.edge_gather.bytes + self.small_gather.bytes
+
+    def gradient_bytes(self) -> int:
+        parts = (self.grad, self.staging, self.reduce_out, self.small_grad, self.small_out)
+        return sum(p.bytes for p in parts)
+
+    def total_bytes(self) -> int:
+        return self.gather_bytes() + self.gradient_bytes()
+
+
+def _none(dtype: torch.dtype) -> BufferSpec:
+    return BufferSpec(0, 0, dtype)
+
+
+def _gather_rotation(
+    sizes: list[int], ring: int, dtype: torch.dtype
+) -> tuple[BufferSpec, BufferSpec]:
+    """All units in one rotation, or the edge units in one buffer of their own: the one
+    that costs fewer bytes (ties keep the plain rotation)."""
+    edges = sorted({0, len(sizes) - 1})
+    inner = [s for i, s in enumerate(sizes) if i not in edges]
+    options = [(BufferSpec(ring, max(sizes), dtype), _none(dtype))]
+    if inner:
+        edge_n = max(sizes[i] for i in edges)
+        options.append((BufferSpec(ring, max(inner), dtype), BufferSpec(1, edge_n, dtype)))
+    return min(options, key=lambda o: o[0].bytes + o[1].bytes)
+
+
+def engine_buffers(
+    unit_numels: Sequence[int],
+    single_tensor: Sequence[bool],
+    small_numel: int,
+    *,
+    world_size: int,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    prefetch_depth: int,
+    direct: bool,
+    piece_numel: int = PIECE_NUMEL,
+) -> EngineBuffers:
+    """The buffers for units of ``unit_numels`` elements (in forward order) on one rank.
+
+    ``single_tensor[i]``: unit i has one weight tensor, so its gradient is reduced from the
+    tensor autograd produces. ``direct``: world size 1 without a process group."""
+    if len(unit_numels) != len(single_tensor) or not unit_numels:
+        raise ValueError("need one single_tensor flag per unit, and at least one unit")
+    if prefetch_depth < 1 or world_size < 1 or piece_numel < 1:
+        raise ValueError("prefetch_depth, world_size and piece_numel must be at least 1")
+    if direct and world_size != 1:
+        raise ValueError("the direct path exists only at world size 1")
+    p, r, w = param_dtype, reduce_dtype, world_size
+    sizes = [padded(n, w) for n in unit_numels]
+    fp32 = p == torch.float32
+    ring = prefetch_depth + 1
+
+    # Gradient buffers: units with several tensors, when there is something to reduce.
+    slot_units = [s for s, single in zip(sizes, single_tensor, strict=True) if not single]
+    if direct:
+        slot_units = []
+    grad = BufferSpec(min(2, len(slot_units)), max(slot_units, default=0), p)
+    small_grad = _none(p) if direct and fp32 else BufferSpec(1, padded(small_numel, w), p)
+
+    if direct:
+        none = _none(p)
+        return EngineBuffers(
+            gather=none, edge_gather=none, grad=grad, staging=_none(r), reduce_out=_none(r),
+            small_gather=none, small_grad=small_grad, small_out=_none(r), piece_numel=0,
+        )  # fmt: skip
+
+    gather, edge_gather = _gather_rotation(sizes, ring, p)
+
+    # Reduce-scatter pieces: never larger than the largest shard, nor the staging cap.
+    piece = max(1, min(piece_numel, max(sizes) // w, STAGING_MAX_NUMEL // w))
+    small = padded(small_numel, w)
+    return EngineBuffers(
+        gather=gather,
+        edge_gather=edge_gather,
+        grad=grad,
+        staging=BufferSpec(1, w * piece, r),
+        reduce_out=BufferSpec(1, piece, r),
+        small_gather=BufferSpec(1, small, p),
+        small_grad=small_grad,
+        small_out=_none(r) if r == torch.float32 else BufferSpec(1, small // w, r),
+        piece_numel=piece,
+    )
