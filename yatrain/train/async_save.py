@@ -14,6 +14,7 @@ newest complete one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -22,8 +23,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.optim import Optimizer
 
-from yatrain.train.checkpoint import PendingSave, complete_save
+from yatrain.sharding import ShardedEngine
+from yatrain.train.checkpoint import (
+    PendingSave,
+    begin_save,
+    complete_save,
+    engine_manifest,
+    training_state,
+)
 from yatrain.train.dcp_io import AsyncWrite, HostStager, save_state_async
 
 
@@ -34,6 +43,7 @@ class AsyncSaver:
     def __init__(self, device: torch.device, mesh: DeviceMesh | None, timeout_s: float) -> None:
         if mesh is None:
             raise RuntimeError("asynchronous checkpoints need a process group (one rank is enough)")
+        self.mesh = mesh
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         gloo = {dim: "gloo" for dim in range(mesh.ndim)}
         host_mesh = init_device_mesh("cpu", tuple(mesh.shape), mesh_dim_names=mesh.mesh_dim_names,
@@ -46,6 +56,17 @@ class AsyncSaver:
     def in_flight(self) -> int | None:
         """The step whose save is being written (or finished but not yet waited for)."""
         return self._pending[0] if self._pending is not None else None
+
+    def save(
+        self, root: Path, step: int, engine: ShardedEngine, optimizer: Optimizer, meta: dict,
+        *, is_main: bool, keep: int, tokenizer_files: Sequence[Path] = (),
+    ) -> None:  # fmt: skip
+        """Collective: ``save_checkpoint``'s asynchronous twin (after ``wait``): returns once
+        the state is in host memory."""
+        tmp = begin_save(root, step, is_main)
+        manifest = engine_manifest(engine, step, meta)
+        pending = PendingSave(root, step, tmp, manifest, keep, tuple(tokenizer_files), is_main)
+        self.start(pending, training_state(engine, optimizer, self.mesh))
 
     def start(self, save: PendingSave, state: dict) -> None:
         """Copy ``state`` to host memory (the only part that blocks), then write and complete

@@ -25,15 +25,11 @@ from yatrain.data import BatchLoader
 from yatrain.sharding import ShardedEngine
 from yatrain.train.async_save import AsyncSaver
 from yatrain.train.checkpoint import (
-    PendingSave,
-    begin_save,
     dcp_mesh,
-    engine_manifest,
     load_checkpoint,
     move_aside,
     remove_stale_saves,
     save_checkpoint,
-    training_state,
 )
 from yatrain.train.manifest import (
     MANIFEST,
@@ -98,10 +94,8 @@ class Checkpointer:
             )  # fmt: skip
             return self.last
         self.wait()
-        tmp = begin_save(self.root, step, is_main)
-        save = PendingSave(self.root, step, tmp, engine_manifest(self.engine, step, meta), keep,
-                           tuple(tokenizer), is_main)  # fmt: skip
-        self.saver.start(save, training_state(self.engine, self.optimizer, self.mesh))
+        self.saver.save(self.root, step, self.engine, self.optimizer, meta, is_main=is_main,
+                        keep=keep, tokenizer_files=tokenizer)  # fmt: skip
         return self.wait() if wait else None
 
     @property
