@@ -13,7 +13,8 @@ steps again. Blocks of the two kinds alternate (which goes first flips every rep
 
 Every block ends with ``os.sync()`` (untimed), so the kernel's write-back of one block's
 files does not slow the next. Reported: the blocking time of each kind, and the throughput
-of the steps after the save over that of the block's steps before it; medians over
+of the steps after the save over that of the block's steps before it, and the time the save
+cost the run (blocked, plus how much longer the steps after it took); medians over
 repeats. The first asynchronous save, which allocates the host buffers, runs before the
 repeats and is reported on its own.
 """
@@ -140,6 +141,12 @@ def report(trial: Trial, after: int) -> None:
         kind: [a / b for a, b in zip(trial.after[kind], trial.before[kind], strict=True)]
         for kind in KINDS
     }
+    tokens = after * trial.sequences * trial.cfg.data.seq_len
+    lost = {  # blocked, plus how much longer the steps after the save took than those before
+        kind: [s + tokens / a - tokens / b for s, a, b in
+               zip(trial.blocked[kind], trial.after[kind], trial.before[kind], strict=True)]
+        for kind in KINDS
+    }  # fmt: skip
     rows = [
         [
             kind,
@@ -147,6 +154,7 @@ def report(trial: Trial, after: int) -> None:
             f"{median(trial.before[kind]):,.1f}",
             f"{median(trial.after[kind]):,.1f}",
             f"{median(ratios[kind]):.3f} ({spread(ratios[kind])})",
+            f"{median(lost[kind]):.2f} ({spread(lost[kind])})",
         ]
         for kind in KINDS
     ]
@@ -155,7 +163,8 @@ def report(trial: Trial, after: int) -> None:
           f"{after} steps before and after each save, medians of "
           f"{len(trial.blocked['sync'])} repeats, load {load_average()}")  # fmt: skip
     print(table(["save", "step blocked, s (range)", f"tokens/s, {after} steps before",
-                 f"tokens/s, {after} steps after", "after / before (range)"], rows))  # fmt: skip
+                 f"tokens/s, {after} steps after", "after / before (range)",
+                 "time lost, s (range)"], rows))  # fmt: skip
     print(
         f"async blocks {background / sync:.3f}x as long as sync; the first async save "
         f"(allocating the host buffers) blocked {trial.first_async:.3f} s; the background "
