@@ -91,6 +91,19 @@ def test_round_trip():
     assert recipe_from_dict(yaml.safe_load(yaml.safe_dump(d))) == r
 
 
+def test_a_keyword_key_checkpoint_async():
+    """``async`` is a Python keyword: the field is ``async_``, the recipe's key ``async``."""
+    r = load_recipe(TINY, ["checkpoint.async=true"])
+    assert r.checkpoint.async_ is True and load_recipe(TINY).checkpoint.async_ is False
+    d = recipe_to_dict(r)
+    assert d["checkpoint"]["async"] is True and "async_" not in d["checkpoint"]
+    assert recipe_from_dict(yaml.safe_load(yaml.safe_dump(d))) == r
+    with pytest.raises(ConfigError, match=r"unknown key 'checkpoint\.async_'"):
+        load_recipe(TINY, ["checkpoint.async_=true"])
+    with pytest.raises(ConfigError, match=r"'checkpoint\.async' must be"):
+        load_recipe(TINY, ["checkpoint.async=3"])
+
+
 def test_defaults_fill_optional_sections():
     d = tiny()
     for section in ("sharding", "checkpoint", "logging"):

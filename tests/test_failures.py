@@ -153,10 +153,14 @@ def test_default_run_dirs_are_unique_within_a_second(tmp_path):
     assert len(made) == 5 and all(p.is_dir() for p in made)
 
 
-def test_disk_full_during_a_save_is_one_line(small_data, isolated_env, tmp_path):
+@pytest.mark.parametrize("background", ["false", "true"])
+def test_disk_full_during_a_save_is_one_line(small_data, isolated_env, tmp_path, background):
+    """Also when the save is written in the background (checkpoint.async): its failure is
+    raised at the next save, and nothing of that one is started."""
     env = inject(isolated_env, tmp_path / "inject", DISK_FULL.format(step=4))
     run_dir = tmp_path / "run"
-    args = pretrain_args(small_data, run_dir, "--steps", "6", "--set=checkpoint.every=2")
+    args = pretrain_args(small_data, run_dir, "--steps", "6", "--set=checkpoint.every=2",
+                         f"--set=checkpoint.async={background}")  # fmt: skip
     one_line_error(yatrain(*args, env=env), "could not save checkpoint", "No space left")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2"]
 

@@ -31,8 +31,13 @@ def uninterrupted(small_data, tmp_path_factory) -> dict[int, tuple[float, float]
 
 @pytest.mark.parametrize(
     "first,second",
-    [((4, HYBRID), (2, ())), ((4, HYBRID), (4, ())), ((4, ()), (4, HYBRID))],
-    ids=["2x2-to-full2", "2x2-to-full4", "full4-to-2x2"],
+    [
+        ((4, HYBRID), (2, ())),
+        ((4, HYBRID), (4, ())),
+        ((4, ()), (4, HYBRID)),
+        ((4, (*HYBRID, "checkpoint.async=true")), (2, ())),
+    ],
+    ids=["2x2-to-full2", "2x2-to-full4", "full4-to-2x2", "2x2-async-to-full2"],
 )
 def test_layouts_resume_each_others_checkpoints(small_data, uninterrupted, tmp_path, first, second):
     run_dir = tmp_path / "run"

@@ -8,7 +8,6 @@ drive the type checks (``schema.build_dataclass``), and ``_limit`` gives the all
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Literal
 import yaml
 
 from yatrain.errors import ConfigError
-from yatrain.schema import build_dataclass
+from yatrain.schema import build_dataclass, to_dict
 from yatrain.schema import limit as _limit
 
 LOSS_CHUNK_TOKENS = 512  # train.loss_chunk_tokens: 0.37 GiB of bf16-run logits at 128K vocab
@@ -138,6 +137,8 @@ class CheckpointConfig:
     every: int = _limit(0, ge=0)  # save every N steps; 0 = only at the end
     keep: int = _limit(2, ge=1)  # how many recent checkpoints to keep
     enabled: bool = True  # false: never save (measurement runs such as sweeps)
+    # true: a save blocks only while the state is copied to host memory (YAML key: async)
+    async_: bool = _limit(False, key="async")
 
 
 @dataclass(kw_only=True)
@@ -252,7 +253,7 @@ def recipe_from_dict(d: dict) -> Recipe:
 
 def recipe_to_dict(r: Recipe) -> dict:
     """Plain nested dicts of a Recipe; recipe_from_dict(recipe_to_dict(r)) == r."""
-    return dataclasses.asdict(r)
+    return to_dict(r)
 
 
 def recipe_to_yaml(r: Recipe) -> str:

@@ -2,8 +2,9 @@
 
 A dataclass is the schema: its field names are the keys, its type hints the types (int,
 float, str, bool, Literal choices, ``X | None``, unions such as ``int | Literal["auto"]``,
-nested dataclasses), and ``limit`` puts range bounds in a field's metadata. Every problem
-is one ``ConfigError`` line naming the dotted key and the fix.
+nested dataclasses), and ``limit`` puts range bounds in a field's metadata (``key`` names a
+field whose YAML key is a Python keyword, such as ``async``). Every problem is one
+``ConfigError`` line naming the dotted key and the fix.
 """
 
 from __future__ import annotations
@@ -25,10 +26,28 @@ def limit(
     gt: float | None = None,
     lt: float | None = None,
     le: float | None = None,
+    key: str | None = None,
 ) -> Any:
     """A dataclass field with range bounds that validation enforces (ge: >=, gt: >, lt: <,
-    le: <=). Upper bounds keep absurd values (a million layers) out of the allocator."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "lt": lt, "le": le})
+    le: <=). Upper bounds keep absurd values (a million layers) out of the allocator.
+    ``key``: the field's YAML key when it is not the field's name (``async``)."""
+    meta = {"ge": ge, "gt": gt, "lt": lt, "le": le, **({"key": key} if key else {})}
+    return field(default=default, metadata=meta)
+
+
+def yaml_key(f: dataclasses.Field) -> str:
+    """The YAML key of a dataclass field (its name unless ``limit(key=...)`` says otherwise)."""
+    return f.metadata.get("key", f.name)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain nested dicts of a schema dataclass under its YAML keys (``build_dataclass``'s
+    inverse)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {yaml_key(f): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(item) for item in obj]
+    return obj
 
 
 def build_dataclass(cls: type, d: Any, prefix: str = "") -> Any:
@@ -38,7 +57,7 @@ def build_dataclass(cls: type, d: Any, prefix: str = "") -> Any:
         d = {}
     if not isinstance(d, dict):
         raise ConfigError(f"'{where}' must be a mapping of keys, got {_show(d)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {yaml_key(f): f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in d:
         if key not in fields:
@@ -51,7 +70,7 @@ def build_dataclass(cls: type, d: Any, prefix: str = "") -> Any:
             )
             raise ConfigError(f"unknown key '{name}'; {hint}")
     kwargs = {}
-    for name, f in fields.items():
+    for name, f in fields.items():  # name: the YAML key
         key = f"{prefix}{name}"
         if name not in d:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -61,9 +80,9 @@ def build_dataclass(cls: type, d: Any, prefix: str = "") -> Any:
                     "(see recipes/llama3_8b.yaml for a complete example)"
                 )
             continue
-        value = _coerce(key, d[name], hints[name])
+        value = _coerce(key, d[name], hints[f.name])
         _check_range(key, value, f.metadata)
-        kwargs[name] = value
+        kwargs[f.name] = value
     return cls(**kwargs)
 
 

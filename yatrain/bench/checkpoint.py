@@ -9,7 +9,8 @@ One process (world size 1), fp32 master weights plus AdamW moments, the same cod
 training loop uses (`yatrain.train.checkpoint`). Prints median seconds over --repeats: the
 save; DCP's write with XXH3-64 of every file computed as it is written beside a plain DCP
 write of the same state, interleaved (which goes first alternates); the checksum
-verification before a load; the load; and the hash's own cost per GiB.
+verification before a load; the load; and the hash's own cost per GiB. Then how long a
+save stops training, synchronous vs ``checkpoint.async`` (``checkpoint_stall``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import xxhash
 
+from yatrain.bench.checkpoint_stall import measure
+from yatrain.bench.checkpoint_stall import report as stall_report
 from yatrain.common import format_bytes
 from yatrain.config import load_recipe
 from yatrain.models.llama import build_model, count_parameters
@@ -45,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("recipe")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stall-repeats", type=int, default=3, help="0: skip the stall part")
+    parser.add_argument("--after", type=int, default=10, help="steps timed after a save")
+    parser.add_argument("--step-sequences", type=int, default=1, help="sequences per step")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
@@ -75,6 +81,12 @@ def main(argv: list[str] | None = None) -> None:
             loads.append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in path.iterdir())
     report(args, cfg, size, saves, hashed, plain, verifies, loads)
+    if args.stall_repeats:
+        del engine, optimizer
+        with tempfile.TemporaryDirectory() as root:
+            trial = measure(cfg, Path(root), repeats=args.stall_repeats, after=args.after,
+                            sequences=args.step_sequences)  # fmt: skip
+        stall_report(trial, args.after)
 
 
 def _timed_write(engine, optimizer, folder: Path, hashing: bool) -> float:

@@ -22,6 +22,7 @@ import errno
 import os
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -93,33 +94,75 @@ def save_checkpoint(
     The tokenizer's files are copied in, so a checkpoint is self-contained for export. A
     failure (a full disk, a lost file system) is one CheckpointError on every rank, with
     ``.tmp-step-N`` removed and the earlier checkpoints untouched."""
-    final, tmp = root / f"step-{step}", root / f".tmp-step-{step}"
+    tmp = begin_save(root, step, is_main)
+    save = PendingSave(root, step, tmp, engine_manifest(engine, step, meta), keep,
+                       tuple(tokenizer_files), is_main)  # fmt: skip
+    try:
+        records = save_state(training_state(engine, optimizer, mesh), tmp)
+    except (OSError, CheckpointException) as error:
+        records = error
+    return complete_save(save, records)
+
+
+@dataclass(frozen=True)
+class PendingSave:
+    """A save whose shards are being written to ``tmp``: what completing it needs."""
+
+    root: Path
+    step: int
+    tmp: Path
+    manifest: dict
+    keep: int
+    tokenizer_files: tuple[Path, ...]
+    is_main: bool
+
+    @property
+    def final(self) -> Path:
+        return self.root / f"step-{self.step}"
+
+
+def begin_save(root: Path, step: int, is_main: bool) -> Path:
+    """Collective: an empty ``.tmp-step-N`` for every rank to write into."""
+    tmp = root / f".tmp-step-{step}"
     if is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
-    try:
-        records = save_state(training_state(engine, optimizer, mesh), tmp)
-    except (OSError, CheckpointException) as error:
-        if is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(save_failure(final, error)) from None
-    files = _gather_records(records)
+    return tmp
+
+
+def engine_manifest(engine: ShardedEngine, step: int, meta: dict) -> dict:
+    """The manifest of a checkpoint of ``engine`` at ``step`` (files added when complete)."""
+    return {
+        "format": FORMAT, "yatrain_version": __version__, "step": step,
+        "world_size_at_save": engine.world_size,
+        "unit_numels": [entry.numel for entry in engine.state_layout], **meta,
+    }  # fmt: skip
+
+
+def complete_save(
+    save: PendingSave, records: dict | BaseException, group: dist.ProcessGroup | None = None
+) -> Path:
+    """Collective over ``group``, after every rank wrote its shards (``records``: the files
+    it wrote, or why it could not): rank 0 writes the manifest, renames, prunes. Returns
+    ``step-N``; raises the same CheckpointError on every rank when any part failed."""
     problem = None
-    if is_main:
+    if isinstance(records, BaseException):  # DCP fails on every rank together
+        if save.is_main:
+            shutil.rmtree(save.tmp, ignore_errors=True)
+        raise CheckpointError(save_failure(save.final, records))
+    files = _gather_records(records, group)
+    if save.is_main:
         try:
-            _complete(root, tmp, final, files, tokenizer_files, keep, {
-                "format": FORMAT, "yatrain_version": __version__, "step": step,
-                "world_size_at_save": engine.world_size,
-                "unit_numels": [entry.numel for entry in engine.state_layout], **meta,
-            })  # fmt: skip
+            _complete(save.root, save.tmp, save.final, files, save.tokenizer_files, save.keep,
+                      dict(save.manifest))  # fmt: skip
         except OSError as error:
-            shutil.rmtree(tmp, ignore_errors=True)
-            problem = save_failure(final, error)
-    problem = _from_main(problem)
+            shutil.rmtree(save.tmp, ignore_errors=True)
+            problem = save_failure(save.final, error)
+    problem = _from_main(problem, group)
     if problem is not None:
         raise CheckpointError(problem)
-    return final
+    return save.final
 
 
 def _complete(
@@ -151,24 +194,25 @@ def save_failure(final: Path, error: BaseException) -> str:
     return f"could not save checkpoint {final}: {detail}; nothing was kept of it: {fix}"
 
 
-def _gather_records(records: dict[str, dict]) -> dict[str, dict]:
-    """Every rank's file entries, merged on rank 0 (collective)."""
+def _gather_records(records: dict[str, dict], group: dist.ProcessGroup | None) -> dict[str, dict]:
+    """Every rank's file entries, merged on rank 0 (collective over ``group``)."""
     if not (dist.is_available() and dist.is_initialized()):
         return dict(records)
-    gathered: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    dist.gather_object(records, gathered if dist.get_rank() == 0 else None, dst=0)
+    main = dist.get_rank() == 0
+    gathered: list = [None] * dist.get_world_size(group) if main else []
+    dist.gather_object(records, gathered if main else None, dst=0, group=group)
     merged: dict[str, dict] = {}
     for table in gathered:
         merged.update(table or {})
     return merged
 
 
-def _from_main(value: object) -> object:
+def _from_main(value: object, group: dist.ProcessGroup | None) -> object:
     """Rank 0's value on every rank (a collective that also serves as the save's barrier)."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 

@@ -1,5 +1,8 @@
 """A run's checkpoints: when to save (``due``), what goes in, and where the run resumes.
 
+With ``checkpoint.async`` a save returns once the state is in host memory and is written in
+the background (``async_save``); the next save, the end of the run and a stop wait for it.
+
 Finding the resume point is shared out: rank 0 runs the cheap checks of
 ``open_checkpoint`` (schema, sizes, safe metadata, model), then every rank verifies the
 checksums of its share of the files, so a 70B checkpoint is read once, spread over the
@@ -20,6 +23,7 @@ from torch.optim import Optimizer
 from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.data import BatchLoader
 from yatrain.sharding import ShardedEngine
+from yatrain.train.async_save import AsyncSaver
 from yatrain.train.checkpoint import (
     dcp_mesh,
     load_checkpoint,
@@ -60,6 +64,10 @@ class Checkpointer:
         self.mesh = dcp_mesh(runtime, engine)
         self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
         self.stale: list[Path] = remove_stale_saves(root) if runtime.is_main else []
+        background = self.cfg.async_ and self.cfg.enabled
+        self.saver = None
+        if background:
+            self.saver = AsyncSaver(runtime.device, self.mesh, runtime.timeout_s)
 
     def due(self, step: int, stop: bool = False) -> bool:
         """Save after this step? Every ``checkpoint.every`` steps, at the end, and when the
@@ -68,19 +76,61 @@ class Checkpointer:
         periodic = bool(every) and step % every == 0
         return self.cfg.enabled and (periodic or step == self.total_steps or stop)
 
-    def save(self, step: int, skipped_steps: int) -> Path:
+    def save(self, step: int, skipped_steps: int, *, wait: bool = False) -> Path | None:
+        """Collective. Synchronous: save and return ``step-N``. Asynchronous: wait for the
+        previous save, copy the state to host memory, return None while it is written in the
+        background (its path, once complete, with ``wait``)."""
         meta = {
             **self.meta,
             "loader": self.loader.state_dict(),
             "tokens_seen": step * self.loader.tokens_per_step,
             "skipped_steps": skipped_steps,
         }
-        self.last = save_checkpoint(
-            self.root, step, self.engine, self.optimizer, self.mesh, meta,
-            is_main=self.runtime.is_main, keep=self.cfg.keep,
-            tokenizer_files=self.loader.tokenizer_files,
-        )  # fmt: skip
+        is_main, keep, tokenizer = self.runtime.is_main, self.cfg.keep, self.loader.tokenizer_files
+        if self.saver is None:
+            self.last = save_checkpoint(
+                self.root, step, self.engine, self.optimizer, self.mesh, meta,
+                is_main=is_main, keep=keep, tokenizer_files=tokenizer,
+            )  # fmt: skip
+            return self.last
+        self.wait()
+        self.saver.save(self.root, step, self.engine, self.optimizer, meta, is_main=is_main,
+                        keep=keep, tokenizer_files=tokenizer)  # fmt: skip
+        return self.wait() if wait else None
+
+    @property
+    def writing(self) -> int | None:
+        """The step of the checkpoint being written in the background, if any."""
+        return self.saver.in_flight if self.saver is not None else None
+
+    def wait(self) -> Path | None:
+        """The checkpoint being written in the background, once complete (None if none);
+        raises its failure (the same CheckpointError on every rank)."""
+        if self.saver is None or self.saver.in_flight is None:
+            return None
+        self.last = self.saver.wait()
         return self.last
+
+    def written(self) -> Path | None:
+        """The background save, if it has finished without error since last asked (never
+        blocks; a failure is left for ``wait`` to raise, at the same step on every rank)."""
+        if self.saver is None or not self.saver.finished() or self.saver.failed():
+            return None
+        return self.wait()
+
+    def close(self, say: Callable[[str], None]) -> None:
+        """On any exit: let a background save complete (it holds a good state), then
+        release its threads, buffers and process group. A failure is reported, not raised
+        (the run is already ending for another reason)."""
+        if self.saver is None:
+            return
+        step = self.saver.in_flight
+        try:
+            self.wait()
+        except Exception as error:  # a full disk, a lost peer: the run is ending anyway
+            say(f"warning: the checkpoint of step {step} was not completed: {error}")
+        finally:
+            self.saver.close()
 
     def restore(self, resume: str, say: Callable[[str], None]) -> tuple[int, int]:
         """Continue as ``--resume`` says (auto, never, a path): load the engine, optimizer

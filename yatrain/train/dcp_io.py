@@ -2,6 +2,10 @@
 
 - ``save_state`` writes through ``HashingWriter``: each rank hashes the bytes of its own files
   as they go to disk and returns their manifest entries (sizes, XXH3-64).
+- ``save_state_async`` is DCP's ``async_save``: it returns once the state is copied to host
+  memory by a ``HostStager`` (pinned on a GPU, reused from save to save), and DCP writes it
+  from a thread of its own over a process group of its own (collectives of two threads must
+  never share a group).
 - ``load_state`` (collective) and ``load_alone`` (this process by itself: export,
   ``init_from``, evaluation) read through ``dcp_safe`` and never unpickle anything else.
 - DCP warns on every call it makes without a process group. Rather than muting warnings, a
@@ -19,11 +23,15 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from yatrain.train.checksum import HashingStream
 from yatrain.train.dcp_safe import SafeLoadPlanner, SafeReader, UnsafeCheckpoint
@@ -74,6 +82,71 @@ def save_state(state: dict, path: Path) -> dict[str, dict]:
     with _group() as group:
         dcp.save(state, storage_writer=writer, process_group=group)
     return writer.fs.records
+
+
+class AsyncWrite:
+    """A DCP write in flight; ``result`` waits for it and returns this rank's file entries
+    (raises CheckpointException or OSError as ``save_state`` does)."""
+
+    def __init__(
+        self, state: dict, path: Path, group: dist.ProcessGroup, stager: HostStager
+    ) -> None:
+        self.writer = HashingWriter(path)
+        self.upload = dcp.async_save(
+            state, storage_writer=self.writer, process_group=group, async_stager=stager
+        )
+
+    def result(self) -> dict[str, dict]:
+        self.upload.result()
+        return self.writer.fs.records
+
+
+class HostStager(AsyncStager):
+    """Copies a state into host memory before an asynchronous write (synchronously: the only
+    part of the save the step waits for). Every tensor gets a buffer of its own, allocated
+    at the first save and reused (pinned on a GPU, for fast copies); a DTensor's local piece
+    likewise, wrapped again on ``mesh``, a CPU mesh of the DTensor's mesh's shape (DCP plans
+    from a DTensor's shape and placements only). DCP's own ``DefaultStager`` copies a
+    DTensor made from a view at an offset as if it were a plain tensor, and fails."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self, mesh: DeviceMesh | None, pinned: bool) -> None:
+        self.mesh, self.pinned = mesh, pinned
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def stage(self, state_dict: dict) -> dict:
+        return self._stage(state_dict, ())
+
+    def _stage(self, value: object, path: tuple) -> object:
+        if isinstance(value, dict):
+            return {key: self._stage(inner, (*path, key)) for key, inner in value.items()}
+        if isinstance(value, DTensor):
+            host = self._copy(path, value.to_local())
+            return DTensor.from_local(host, self.mesh, value.placements, run_check=False,
+                                      shape=value.shape, stride=value.stride())  # fmt: skip
+        return self._copy(path, value) if torch.is_tensor(value) else value
+
+    def _copy(self, path: tuple, tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=self.pinned)
+            self._buffers[path] = buffer
+        return buffer.copy_(tensor)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: ``stage`` copies synchronously."""
+
+    def close(self) -> None:
+        self._buffers.clear()
+
+
+def save_state_async(
+    state: dict, path: Path, group: dist.ProcessGroup, stager: HostStager
+) -> AsyncWrite:
+    """Copy ``state`` into ``stager``'s host buffers, then write it to ``path`` in the
+    background (collective over ``group``, a gloo group no other thread uses)."""
+    return AsyncWrite(state, path, group, stager)
 
 
 def load_state(state: dict, path: Path) -> None:

@@ -12,6 +12,7 @@ drawn during training), so a resumed run continues bit for bit at the same world
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from yatrain.config import Recipe
-from yatrain.errors import Interrupted, TrainingError
+from yatrain.errors import Interrupted, TrainingError, YatrainError
 from yatrain.train.evaluate import Evaluation
 from yatrain.train.failures import explain
 from yatrain.train.guard import StepGuard
@@ -47,9 +48,10 @@ def pretrain(
     counted on CPU (none)."""
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
+    background_saves = recipe.checkpoint.async_ and recipe.checkpoint.enabled
     runtime = init_runtime(
         recipe.train.collective_timeout_s + BACKSTOP_S,
-        single_rank_group=recipe.sharding.force_process_group,
+        single_rank_group=recipe.sharding.force_process_group or background_saves,
     )
     run = None
     try:
@@ -90,7 +92,9 @@ def train(run: Run) -> dict:
                 log(run, step_number, outcome, lr, evaluation)
             if run.checkpointer.due(step_number, outcome.stop):
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
-                save(run, step_number)
+                save(run, step_number, final=outcome.stop or step_number == total)
+            elif (written := run.checkpointer.written()) is not None:
+                run.loggers.say(f"saved {written} (written in the background)")
             if outcome.stop:
                 raise Interrupted(_stop_message(run, guard, step_number))
         run.watchdog.phase(None)
@@ -115,7 +119,8 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
         outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
                              grad_clip=optim.grad_clip, guard=guard,
                              model_inputs=run.loader.attention_inputs)  # fmt: skip
-    last = run.checkpointer.last or "none"
+    skip = run.recipe.train.skip_nonfinite_steps
+    last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None
     if outcome.bad_weights:  # applied: no skipping it, and nothing of it may be saved
         raise TrainingError(
             f"the update at step {step_number} made weights non-finite (its loss and gradient "
@@ -123,7 +128,7 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
             f"state, so the run stops without saving it; the last good checkpoint is {last}: "
             "lower optim.lr"
         )
-    if outcome.nonfinite and not run.recipe.train.skip_nonfinite_steps:
+    if outcome.nonfinite and not skip:
         raise TrainingError(
             f"non-finite loss or gradient norm at step {step_number}; the update was not "
             f"applied and the last good checkpoint is {last}: "
@@ -158,13 +163,32 @@ def log(
     run.meter.open_window()  # logging is not step time
 
 
-def save(run: Run, step_number: int) -> None:
-    """A checkpoint after this step; its time is left out of the step-time window."""
+def save(run: Run, step_number: int, final: bool) -> None:
+    """A checkpoint after this step; the time it blocks the run is left out of the step-time
+    window. With ``checkpoint.async`` that is waiting for the previous save and copying the
+    state to host memory, unless this is the run's last save (``final``): that one is also
+    written before the run goes on to exit."""
     start = time.perf_counter()
-    path = run.checkpointer.save(step_number, run.skipped_steps)
+    previous = run.checkpointer.writing
+    path = run.checkpointer.save(step_number, run.skipped_steps, wait=final)
     seconds = time.perf_counter() - start
     run.meter.exclude(seconds)
-    run.loggers.say(f"saved {path} in {seconds:.1f}s")
+    if previous is not None:  # waited for at the start of this save
+        run.loggers.say(f"saved {run.checkpointer.root / f'step-{previous}'} "
+                        "(written in the background)")  # fmt: skip
+    if path is None:
+        run.loggers.say(f"saving step-{step_number} in the background (the run waited "
+                        f"{seconds:.2f}s)")  # fmt: skip
+    else:
+        run.loggers.say(f"saved {path} in {seconds:.1f}s")
+
+
+def _last_good(run: Run) -> str:
+    """The newest complete checkpoint, once a background save of an earlier, good step has
+    finished (collective: called where every rank stops)."""
+    with contextlib.suppress(YatrainError):  # failed: the save before it is the last good one
+        run.checkpointer.wait()
+    return str(run.checkpointer.last or "none")
 
 
 def _stop_message(run: Run, guard: StepGuard, step_number: int) -> str:

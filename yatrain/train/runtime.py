@@ -22,6 +22,7 @@ class Runtime:
     local_rank: int
     device: torch.device
     owns_group: bool = False  # created here, so destroyed here (not when a caller made it)
+    timeout_s: float = 600.0  # collectives' timeout (groups made later, such as the saves')
 
     @property
     def is_main(self) -> bool:
@@ -52,7 +53,8 @@ class Runtime:
 def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -> Runtime:
     """Join the torchrun job if there is one (or use the caller's process group); pick
     cuda:LOCAL_RANK when a GPU is present. ``single_rank_group``: one process gets a
-    process group of its own too (``sharding.force_process_group``)."""
+    process group of its own too (``sharding.force_process_group``; asynchronous checkpoints
+    write over one)."""
     if dist.is_available() and dist.is_initialized():
         world_size, rank = dist.get_world_size(), dist.get_rank()
     else:
@@ -76,7 +78,7 @@ def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -
             kwargs.update(store=store, rank=rank, world_size=world_size)
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         owns = True
-    return Runtime(rank, world_size, local_rank, device, owns)
+    return Runtime(rank, world_size, local_rank, device, owns, timeout_s)
 
 
 def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store | None:

@@ -68,7 +68,11 @@ class Run:
     step_number: int = field(default=0)  # the step being run (for messages)
 
     def close(self) -> None:
-        """Loggers closed, watchdog stopped, run directory unlocked (on any exit)."""
+        """A background save completed, loggers closed, watchdog stopped, run directory
+        unlocked (on any exit)."""
+        if (writing := self.checkpointer.writing) is not None:
+            self.watchdog.phase(f"the background write of checkpoint step-{writing}")
+        self.checkpointer.close(self.loggers.say)
         self.watchdog.close()
         self.loggers.close()
         if self.lock is not None:
@@ -93,6 +97,7 @@ def setup(
     run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
     check_fresh_start_allowed(run_dir, resume)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
+    checkpointer = None
     try:
         model, engine = build_engine(recipe, runtime, layers, checks.verify, group)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
@@ -114,6 +119,8 @@ def setup(
         for line in [evaluator.schedule(), *evaluator.short_notices()] if evaluator.enabled else []:
             loggers.say(line)
     except BaseException:
+        if checkpointer is not None:
+            checkpointer.close(loggers.say)
         watchdog.close()
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
         if lock is not None:
