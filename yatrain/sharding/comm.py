@@ -22,6 +22,7 @@ Every collective also counts the bytes this rank sends, so benchmarks report mea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,12 +49,11 @@ class Communicator:
         self.rank, self.world_size = 0, 1
         self.bytes_sent = 0
 
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, *, before: Step = None) -> Handle:
-        """Gather every rank's ``shard`` into ``out``. With ``before``, the input is this
-        rank's own slice of ``out`` (an in-place gather) that ``before`` fills first."""
-        if before is not None:
-            before()
-        elif out.data_ptr() != shard.data_ptr():
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Handle:
+        """Gather every rank's ``shard`` into ``out``. A shard of another dtype than ``out``
+        (an fp32 master under bf16 weights) is cast into this rank's own slice of ``out``,
+        which is then gathered in place: no cast copy of the shard is kept."""
+        if out.data_ptr() != shard.data_ptr():
             out.copy_(shard)
         return Handle(done=True)
 
@@ -101,9 +101,14 @@ class Communicator:
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += 2 * nbytes * (self.world_size - 1) // self.world_size
 
-    def _own_slice(self, out: torch.Tensor) -> torch.Tensor:
+    def _gather_input(self, out: torch.Tensor, shard: torch.Tensor) -> tuple[torch.Tensor, Step]:
+        """The all-gather's input: ``shard`` itself, or (another dtype) this rank's slice of
+        ``out`` and the step that casts ``shard`` into it (see ``all_gather``)."""
+        if shard.dtype == out.dtype:
+            return shard, None
         size = out.numel() // self.world_size
-        return out.narrow(0, self.rank * size, size)
+        own = out.narrow(0, self.rank * size, size)
+        return own, functools.partial(own.copy_, shard)
 
 
 class GlooCommunicator(Communicator):
@@ -117,12 +122,12 @@ class GlooCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
-    def all_gather(self, out, shard, *, before=None) -> Handle:
-        if before is not None:
-            before()
-            shard = self._own_slice(out)
+    def all_gather(self, out, shard) -> Handle:
+        source, cast = self._gather_input(out, shard)
+        if cast is not None:
+            cast()
         self._count(out)
-        work = dist.all_gather_single(out, shard, group=self.group, async_op=True)
+        work = dist.all_gather_single(out, source, group=self.group, async_op=True)
         return Handle(work=work)
 
     def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
@@ -184,11 +189,11 @@ class CudaStreamCommunicator(Communicator):
             landed.record(self.stream)
         return Handle(event=landed)
 
-    def all_gather(self, out, shard, *, before=None) -> Handle:
+    def all_gather(self, out, shard) -> Handle:
         self._count(out)
-        source = self._own_slice(out) if before is not None else shard
+        source, cast = self._gather_input(out, shard)
         return self._on_comm_stream(
-            lambda: dist.all_gather_single(out, source, group=self.group), before
+            lambda: dist.all_gather_single(out, source, group=self.group), cast
         )
 
     def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:

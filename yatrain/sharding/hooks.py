@@ -59,13 +59,7 @@ class UnitSchedule:
         if self.small_ready:
             return
         if not self.direct:
-            before = None
-            if self.param_dtype != torch.float32:  # cast into this rank's slice, gather in place
-                own = self.small_buffer.narrow(0, self.rank * self.small.shard_numel,
-                                               self.small.shard_numel)  # fmt: skip
-                before = functools.partial(own.copy_, self.small_master)
-            handle = self.comm.all_gather(self.small_buffer, self.small_master, before=before)
-            self.comm.wait(handle)
+            self.comm.wait(self.comm.all_gather(self.small_buffer, self.small_master))
         grads = alias(self.small_grad)
         for slot, view, grad in zip(
             self.small.slots,
@@ -84,13 +78,8 @@ class UnitSchedule:
         if buf.owner == unit:
             return
         buf.owner = unit
-        layout, shard = self.layouts[unit], self.unit_master[unit]
-        full = buf.data[: layout.padded_numel]
-        before = None
-        if self.param_dtype != torch.float32:  # cast into this rank's slice, gather in place
-            own = full.narrow(0, self.rank * layout.shard_numel, layout.shard_numel)
-            before = functools.partial(own.copy_, shard)
-        buf.handle = self.comm.all_gather(full, shard, before=before)
+        full = buf.data[: self.layouts[unit].padded_numel]
+        buf.handle = self.comm.all_gather(full, self.unit_master[unit])  # casts in place (bf16)
 
     def _ensure_gathered(self, unit: int) -> torch.Tensor:
         self._gather(unit)
