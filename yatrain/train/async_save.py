@@ -26,13 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.optim import Optimizer
 
 from yatrain.sharding import ShardedEngine
-from yatrain.train.checkpoint import (
-    PendingSave,
-    begin_save,
-    complete_save,
-    engine_manifest,
-    training_state,
-)
+from yatrain.train.checkpoint import PendingSave, begin_save, complete_save, training_state
 from yatrain.train.dcp_io import AsyncWrite, HostStager, save_state_async
 
 
@@ -63,10 +57,9 @@ class AsyncSaver:
     ) -> None:  # fmt: skip
         """Collective: ``save_checkpoint``'s asynchronous twin (after ``wait``): returns once
         the state is in host memory."""
-        tmp = begin_save(root, step, is_main)
-        manifest = engine_manifest(engine, step, meta)
-        pending = PendingSave(root, step, tmp, manifest, keep, tuple(tokenizer_files), is_main)
-        self.start(pending, training_state(engine, optimizer, self.mesh))
+        save = begin_save(root, step, engine, meta, is_main=is_main, keep=keep,
+                          tokenizer_files=tokenizer_files)  # fmt: skip
+        self.start(save, training_state(engine, optimizer, self.mesh))
 
     def start(self, save: PendingSave, state: dict) -> None:
         """Copy ``state`` to host memory (the only part that blocks), then write and complete

@@ -94,11 +94,10 @@ def save_checkpoint(
     The tokenizer's files are copied in, so a checkpoint is self-contained for export. A
     failure (a full disk, a lost file system) is one CheckpointError on every rank, with
     ``.tmp-step-N`` removed and the earlier checkpoints untouched."""
-    tmp = begin_save(root, step, is_main)
-    save = PendingSave(root, step, tmp, engine_manifest(engine, step, meta), keep,
-                       tuple(tokenizer_files), is_main)  # fmt: skip
+    save = begin_save(root, step, engine, meta, is_main=is_main, keep=keep,
+                      tokenizer_files=tokenizer_files)  # fmt: skip
     try:
-        records = save_state(training_state(engine, optimizer, mesh), tmp)
+        records = save_state(training_state(engine, optimizer, mesh), save.tmp)
     except (OSError, CheckpointException) as error:
         records = error
     return complete_save(save, records)
@@ -121,14 +120,19 @@ class PendingSave:
         return self.root / f"step-{self.step}"
 
 
-def begin_save(root: Path, step: int, is_main: bool) -> Path:
-    """Collective: an empty ``.tmp-step-N`` for every rank to write into."""
+def begin_save(
+    root: Path, step: int, engine: ShardedEngine, meta: dict, *,
+    is_main: bool, keep: int, tokenizer_files: Sequence[Path] = (),
+) -> PendingSave:  # fmt: skip
+    """Collective: an empty ``.tmp-step-N`` for every rank to write into, and what completing
+    the save needs (synchronous and asynchronous saves alike)."""
     tmp = root / f".tmp-step-{step}"
     if is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
-    return tmp
+    manifest = engine_manifest(engine, step, meta)
+    return PendingSave(root, step, tmp, manifest, keep, tuple(tokenizer_files), is_main)
 
 
 def engine_manifest(engine: ShardedEngine, step: int, meta: dict) -> dict:
