@@ -306,13 +306,18 @@ def materialize(model: Llama, device: torch.device | str, seed: int) -> Llama:
     return model
 
 
+def layer_matmul_weights(cfg: ModelConfig) -> int:
+    """Elements of one decoder layer's matmul weights (attention and SwiGLU, no norms)."""
+    d, hd = cfg.dim, cfg.head_dim
+    attention = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2  # wq, wo + wk, wv
+    return attention + 3 * d * cfg.ffn_dim
+
+
 def count_parameters(cfg: ModelConfig, include_embedding: bool = True) -> int:
     """Parameter count from the config alone; include_embedding=False drops only the input
     embedding table (a lookup, no FLOPs) and keeps the output head (a real matmul)."""
-    d, hd = cfg.dim, cfg.head_dim
-    attention = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2  # wq, wo + wk, wv
-    ffn = 3 * d * cfg.ffn_dim
-    layer = attention + ffn + 2 * d  # + attention_norm, ffn_norm
+    d = cfg.dim
+    layer = layer_matmul_weights(cfg) + 2 * d  # + attention_norm, ffn_norm
     embedding = cfg.vocab_size * d
     total = embedding + cfg.n_layers * layer + d + cfg.vocab_size * d  # + norm + output
     return total if include_embedding else total - embedding

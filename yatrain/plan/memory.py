@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
-from yatrain.models.llama import build_model, flops_per_token
+from yatrain.models.llama import build_model, flops_per_token, layer_matmul_weights
 from yatrain.plan.layout import planned_group, traffic_table
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers
@@ -200,9 +200,7 @@ def activation_peak(
 def recompute_fraction(m: ModelConfig, seq_len: int, checkpointed: int) -> float:
     """Extra FLOPs of recomputing the checkpointed layers' forward, as a share of the step's
     useful FLOPs (``flops_per_token``): each layer forward is 2 x weights + 4 x seq x dim."""
-    hd = m.head_dim
-    layer = 2 * m.dim * m.n_heads * hd + 2 * m.dim * m.n_kv_heads * hd + 3 * m.dim * m.ffn_dim
-    layer_forward = 2 * layer + 4 * seq_len * m.n_heads * hd
+    layer_forward = 2 * layer_matmul_weights(m) + 4 * seq_len * m.n_heads * m.head_dim
     return checkpointed * layer_forward / flops_per_token(m, seq_len)
 
 
