@@ -15,9 +15,9 @@ import os
 
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig, Recipe
-from yatrain.models.llama import build_model
+from yatrain.models.llama import Llama, build_model
 from yatrain.sharding.contract import backward_reads_weights
-from yatrain.sharding.layout import plan_layouts
+from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
 from yatrain.topology import shard_group_size
 
@@ -29,20 +29,40 @@ def planned_group(recipe: Recipe, world_size: int) -> int:
     return shard_group_size(recipe, world_size, local)
 
 
+@functools.lru_cache(maxsize=8)
+def _meta_model(model_items: tuple) -> Llama:
+    """The model on the meta device (shapes only), built once per model config."""
+    return build_model(ModelConfig(**dict(model_items)))
+
+
+@functools.lru_cache(maxsize=256)
+def _layouts(model_items: tuple, world: int) -> tuple[list[FlatLayout], FlatLayout]:
+    model = _meta_model(model_items)
+    layouts, small, _ = plan_layouts(model, model.units(), model.norm_modules(), world)
+    return layouts, small
+
+
+def unit_layouts(m: ModelConfig, world: int) -> tuple[list[FlatLayout], FlatLayout]:
+    """The engine's layouts of the units and of the norm group over ``world`` ranks."""
+    return _layouts(_items(m), world)
+
+
 @functools.lru_cache(maxsize=64)
 def _units(model_items: tuple) -> tuple[list[int], list[bool], int]:
     """Each unit's flat length and whether its backward reads its weights, and the norm
     group's length, as the engine lays them out."""
-    model = build_model(ModelConfig(**dict(model_items)))  # meta device: shapes only
-    units = model.units()
-    layouts, small, _ = plan_layouts(model, units, model.norm_modules(), 1)
-    reads = [backward_reads_weights(unit) for unit in units]
+    layouts, small = _layouts(model_items, 1)
+    reads = [backward_reads_weights(unit) for unit in _meta_model(model_items).units()]
     return [layout.numel for layout in layouts], reads, small.numel
+
+
+def _items(m: ModelConfig) -> tuple:
+    return tuple(dataclasses.asdict(m).items())  # a hashable key (the config is mutable)
 
 
 def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
     """Bytes one GPU sends per step with shard groups of ``group`` out of ``world_size``."""
-    numels, reads, small = _units(tuple(dataclasses.asdict(recipe.model).items()))
+    numels, reads, small = _units(_items(recipe.model))
     data = recipe.data
     return step_traffic(
         numels, reads, small, shard_size=group, replicas=world_size // group,

@@ -30,14 +30,12 @@ kernel here) that never materialises the T x T score matrix.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 
 from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
-from yatrain.models.llama import build_model, flops_per_token, layer_matmul_weights
-from yatrain.plan.layout import planned_group, traffic_table
-from yatrain.sharding.layout import FlatLayout, plan_layouts
+from yatrain.models.llama import flops_per_token, layer_matmul_weights
+from yatrain.plan.layout import planned_group, traffic_table, unit_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
@@ -53,20 +51,13 @@ def default_runtime_allowance(gpu_memory_bytes: float) -> int:
 # ----------------------------------------------------------------------------- the engine
 
 
-@functools.lru_cache(maxsize=256)
-def _layouts(model_items: tuple, world: int) -> tuple[list[FlatLayout], FlatLayout]:
-    model = build_model(ModelConfig(**dict(model_items)))  # meta device: shapes only
-    layouts, small, _ = plan_layouts(model, model.units(), model.norm_modules(), world)
-    return layouts, small
-
-
 def engine_layout(
     m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
     direct: bool | None = None,
 ) -> tuple[int, int, EngineBuffers]:  # fmt: skip
     """(elements of this rank's shard of every unit, of the norm group, the buffers the
     engine preallocates), from the same functions the engine uses."""
-    layouts, small = _layouts(tuple(dataclasses.asdict(m).items()), world)
+    layouts, small = unit_layouts(m, world)
     buffers = engine_buffers(
         [layout.numel for layout in layouts],
         [len(layout.slots) == 1 for layout in layouts],
@@ -110,7 +101,7 @@ class GradientShards:
 
     @classmethod
     def of(cls, m: ModelConfig, world: int) -> GradientShards:
-        layouts, _ = _layouts(tuple(dataclasses.asdict(m).items()), world)
+        layouts, _ = unit_layouts(m, world)
         shards = [4 * layout.shard_numel for layout in layouts]
         return cls(sum(shards), shards[-1], max(shards[1:-1], default=0))
 
