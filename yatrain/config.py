@@ -140,6 +140,11 @@ class CheckpointConfig:
     # true: a save blocks only while the state is copied to host memory (YAML key: async)
     async_: bool = _limit(False, key="async")
 
+    @property
+    def background(self) -> bool:
+        """Saves are written in the background (a run that saves at all, asynchronously)."""
+        return self.async_ and self.enabled
+
 
 @dataclass(kw_only=True)
 class EvalConfig:

@@ -64,9 +64,8 @@ class Checkpointer:
         self.mesh = dcp_mesh(runtime, engine)
         self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
         self.stale: list[Path] = remove_stale_saves(root) if runtime.is_main else []
-        background = self.cfg.async_ and self.cfg.enabled
         self.saver = None
-        if background:
+        if self.cfg.background:
             self.saver = AsyncSaver(runtime.device, self.mesh, runtime.timeout_s)
 
     def due(self, step: int, stop: bool = False) -> bool:

@@ -48,10 +48,9 @@ def pretrain(
     counted on CPU (none)."""
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
-    background_saves = recipe.checkpoint.async_ and recipe.checkpoint.enabled
     runtime = init_runtime(
         recipe.train.collective_timeout_s + BACKSTOP_S,
-        single_rank_group=recipe.sharding.force_process_group or background_saves,
+        single_rank_group=recipe.sharding.force_process_group or recipe.checkpoint.background,
     )
     run = None
     try:
