@@ -1,5 +1,5 @@
-"""The small vocabulary every layer shares: dtype names and byte sizes, how sizes print, and
-strict JSON.
+"""The small vocabulary every layer shares: dtype names and byte sizes, how sizes print,
+strict JSON, and the target that adds no loss.
 
 A recipe names dtypes as ``"bf16"`` / ``"fp32"``; the loop, the planner, export and the
 benchmarks all turn those names into torch dtypes and byte counts here, so a third dtype
@@ -17,6 +17,10 @@ import torch
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
+
+# A target that adds no loss (F.cross_entropy's default ignore_index): the held-out data pads
+# with it and the model's loss skips it.
+IGNORE_INDEX = -100
 _UNITS = {"GiB": GIB, "MiB": MIB, "KiB": KIB}
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yatrain.common import IGNORE_INDEX
 from yatrain.config import DataConfig
 from yatrain.data.documents import document_layout
 from yatrain.data.shards import TokenShards, has_validation, load_manifest
 from yatrain.errors import ConfigError, DataError
 
-IGNORE_INDEX = -100  # a target that adds no loss (F.cross_entropy's default ignore_index)
 NO_HELD_OUT_FIX = (
     "prepare the data with `yatrain prepare-data --val-fraction F`, point data.val_path at "
     "held-out data, or turn evaluation off (eval.every: 0, eval.at_end: false)"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it add no loss
+from yatrain.common import IGNORE_INDEX
 
 
 def _loss_and_grads(

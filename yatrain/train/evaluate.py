@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from yatrain.common import IGNORE_INDEX
 from yatrain.config import Recipe
 from yatrain.data.heldout import (
-    IGNORE_INDEX,
     EvalWindows,
     attention_inputs,
     check_same_tokenizer,
