@@ -32,6 +32,12 @@ import torch.distributed as dist
 Step = Callable[[], None] | None
 
 
+def ring_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends in a ring all-gather or reduce-scatter of a ``nbytes`` buffer:
+    (W-1)/W of it (an all-reduce is both: ``2 * nbytes``). The planner counts with it too."""
+    return nbytes * (world_size - 1) // world_size
+
+
 @dataclass
 class Handle:
     """A collective in flight. ``then`` runs once the data has landed (CPU only)."""
@@ -92,14 +98,12 @@ class Communicator:
         raise NotImplementedError
 
     def _count(self, full: torch.Tensor) -> None:
-        # Ring all-gather / reduce-scatter: each rank sends (W-1)/W of the full buffer.
-        nbytes = full.numel() * full.element_size()
-        self.bytes_sent += nbytes * (self.world_size - 1) // self.world_size
+        self.bytes_sent += ring_bytes(full.numel() * full.element_size(), self.world_size)
 
     def _count_all_reduce(self, tensor: torch.Tensor) -> None:
         # Ring all-reduce: a reduce-scatter then an all-gather, 2 (W-1)/W of the tensor.
         nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += 2 * nbytes * (self.world_size - 1) // self.world_size
+        self.bytes_sent += ring_bytes(2 * nbytes, self.world_size)
 
     def _gather_input(self, out: torch.Tensor, shard: torch.Tensor) -> tuple[torch.Tensor, Step]:
         """The all-gather's input: ``shard`` itself, or (another dtype) this rank's slice of

@@ -1,8 +1,8 @@
 """Bytes one rank sends in a training step, within its shard group and across groups: one
 pure function, which the planner calls and tests check against the engine's own count.
 
-Ring accounting, as the engine counts (comm.py): an all-gather or reduce-scatter of a
-buffer of B bytes over W ranks sends (W-1)/W x B per rank; an all-reduce 2 (W-1)/W x B.
+Ring accounting, with the engine's own ``comm.ring_bytes``: an all-gather or reduce-scatter
+of a buffer of B bytes over W ranks sends (W-1)/W x B per rank; an all-reduce 2 (W-1)/W x B.
 Per micro-batch each unit is gathered for its forward and again for its backward (when its
 backward reads the weights; the engine skips the units still resident from the forward, so
 this is an upper bound by at most ``prefetch_depth + 1`` units) and its gradient is
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from yatrain.sharding.comm import ring_bytes
 from yatrain.sharding.sizes import padded
 
 
@@ -26,10 +27,6 @@ class StepTraffic:
 
     intra: int  # within its shard group: gathers and reduce-scatters
     cross: int  # across shard groups: the replicas' gradient all-reduce
-
-
-def _ring(nbytes: int, world: int) -> int:
-    return nbytes * (world - 1) // world
 
 
 def step_traffic(
@@ -49,10 +46,10 @@ def step_traffic(
     sizes = [padded(n, g) for n in unit_numels]
     small = padded(small_numel, g)
     per_micro = sum(
-        _ring(size * p, g) * (1 + reads) + _ring(size * r, g)
+        ring_bytes(size * p, g) * (1 + reads) + ring_bytes(size * r, g)
         for size, reads in zip(sizes, reads_weights, strict=True)
     )
-    intra = micro_batches * per_micro + _ring(small * p, g) + _ring(small * r, g)
+    intra = micro_batches * per_micro + ring_bytes(small * p, g) + ring_bytes(small * r, g)
     shards = [size // g for size in sizes] + [small // g]
-    cross = sum(_ring(2 * 4 * n, replicas) for n in shards) if replicas > 1 else 0
+    cross = sum(ring_bytes(2 * 4 * n, replicas) for n in shards) if replicas > 1 else 0
     return StepTraffic(intra, cross)
