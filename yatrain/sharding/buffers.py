@@ -45,12 +45,10 @@ def edge_and_inner(n_units: int) -> tuple[list[int], list[int]]:
 def gather_buffers(n_units: int, plan: EngineBuffers, device: torch.device) -> list[Buffer]:
     """The gather buffer of every unit, in forward order."""
     spec = plan.gather
-    ring = [Buffer(torch.empty(spec.numel, dtype=spec.dtype, device=device))
-            for _ in range(spec.count)]  # fmt: skip
+    ring = [Buffer(spec.empty(device)) for _ in range(spec.count)]
     if not plan.edge_owns_gather:
         return [ring[i % len(ring)] for i in range(n_units)]
-    edge_spec = plan.edge_gather
-    edge = Buffer(torch.empty(edge_spec.numel, dtype=edge_spec.dtype, device=device))
+    edge = Buffer(plan.edge_gather.empty(device))
     edges, inner = edge_and_inner(n_units)
     buffer_of: list[Buffer] = [edge] * n_units
     for j, i in enumerate(inner):
@@ -63,8 +61,7 @@ def grad_slots(
 ) -> list[GradSlot | None]:
     """The gradient buffer of every unit with several weight tensors, taken in turns."""
     spec = plan.grad
-    slots = [GradSlot(torch.empty(spec.numel, dtype=spec.dtype, device=device))
-             for _ in range(spec.count)]  # fmt: skip
+    slots = [GradSlot(spec.empty(device)) for _ in range(spec.count)]
     slot_of: list[GradSlot | None] = []
     for single in single_tensor:
         if single or not slots:

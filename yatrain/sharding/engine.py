@@ -165,30 +165,18 @@ class ShardedEngine(GradientFinish, UnitSchedule):
             self.small_buffer = self.small_master if self.compute is None else self.small_compute
         else:
             self.buffer_of = gather_buffers(self.n_units, plan, dev)
-            self.small_buffer = torch.empty(plan.small_gather.numel, dtype=plan.small_gather.dtype,
-                                            device=dev)  # fmt: skip
+            self.small_buffer = plan.small_gather.empty(dev)
             self.reducer = self._make_reducer()
         # The small group's gradient accumulates over micro-batches in the parameter dtype
         # (in place in its fp32 shard when that is what it is) and is reduced once.
         spec = plan.small_grad
-        self.small_grad = (
-            self.small_param.grad
-            if spec.count == 0
-            else torch.zeros(spec.numel, dtype=spec.dtype, device=dev)
-        )
-        spec = plan.small_out
-        self.small_out = (
-            torch.empty(spec.numel, dtype=spec.dtype, device=dev) if spec.count else None
-        )
+        self.small_grad = spec.empty(dev).zero_() if spec.count else self.small_param.grad
+        self.small_out = plan.small_out.empty(dev) if plan.small_out.count else None
 
     def _make_reducer(self) -> PieceReducer:
         """The reduce-scatter pieces' staging and output buffers, and who issues them."""
-        staging, out = self.plan.staging, self.plan.reduce_out
-        buffers = (
-            torch.empty(staging.numel, dtype=staging.dtype, device=self.device),
-            torch.empty(out.numel, dtype=out.dtype, device=self.device),
-            self.plan.piece_numel,
-        )
+        plan, dev = self.plan, self.device
+        buffers = plan.staging.empty(dev), plan.reduce_out.empty(dev), plan.piece_numel
         if isinstance(self.comm, CudaStreamCommunicator):
             return StreamReducer(self.comm, *buffers)
         return ThreadReducer(self.comm.second_group(), *buffers)  # gloo: see reduce.py

@@ -60,6 +60,10 @@ class BufferSpec:
     def bytes(self) -> int:
         return self.count * self.numel * self.dtype.itemsize
 
+    def empty(self, device: torch.device) -> torch.Tensor:
+        """One of these buffers, uninitialised (the engine writes before it reads)."""
+        return torch.empty(self.numel, dtype=self.dtype, device=device)
+
 
 @dataclass(frozen=True)
 class EngineBuffers:
