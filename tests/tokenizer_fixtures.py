@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken
 
-from yatrain.data.tokenizer_export import byte_to_unicode
-from yatrain.data.tokenizer_tiktoken import PATTERN
+from yatrain.bench.tokenization import byte_level_bpe, write_tiktoken_ranks
 
 SENTENCE = (
     "the model reads tokens from a packed stream and every sequence shares its boundary "
@@ -33,35 +31,9 @@ def sample_texts(n: int = 40, seed: int = 0) -> list[str]:
     return out
 
 
-def _byte_level_bpe(texts: list[str], vocab_size: int) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    return tokenizer
-
-
 def write_tiktoken(path: Path, texts: list[str] | None = None, vocab_size: int = 600) -> Path:
     """A tiktoken BPE ranks file (Llama 3's tokenizer.model format) trained on ``texts``."""
-    from_char = {c: b for b, c in byte_to_unicode().items()}
-    vocab = _byte_level_bpe(texts or sample_texts(), vocab_size).get_vocab()
-    lines = []
-    for token, rank in sorted(vocab.items(), key=lambda item: item[1]):
-        raw = bytes(from_char[c] for c in token)
-        lines.append(f"{base64.b64encode(raw).decode()} {rank}\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(lines))
-    return path
+    return write_tiktoken_ranks(byte_level_bpe(texts or sample_texts(), vocab_size), path)
 
 
 def write_hf(
@@ -75,7 +47,7 @@ def write_hf(
     """A Hugging Face model directory: tokenizer.json (with <s> and </s> as special tokens),
     plus tokenizer_config.json / special_tokens_map.json when given."""
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = _byte_level_bpe(texts or sample_texts(), vocab_size)
+    tokenizer = byte_level_bpe(texts or sample_texts(), vocab_size)
     tokenizer.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in ("<s>", "</s>", "<pad>")]
     )

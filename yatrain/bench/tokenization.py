@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -42,8 +43,8 @@ from yatrain.data.tokenizer_tiktoken import PATTERN
 REPO = Path(__file__).resolve().parents[2]
 
 
-def tiktoken_ranks(files: list[Path], vocab_size: int, out: Path) -> Path:
-    """Train a byte-level BPE with Llama 3's pattern; write it as tiktoken ranks."""
+def byte_level_bpe(texts: Iterable[str], vocab_size: int) -> HFBackend:
+    """A byte-level BPE with Llama 3's pre-tokenization pattern, trained on ``texts``."""
     bpe = HFBackend(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -57,9 +58,15 @@ def tiktoken_ranks(files: list[Path], vocab_size: int, out: Path) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(Corpus(files).documents(), trainer)
+    bpe.train_from_iterator(texts, trainer)
+    return bpe
+
+
+def write_tiktoken_ranks(bpe: HFBackend, out: Path) -> Path:
+    """``bpe``'s vocabulary in tiktoken's ``base64 rank`` format (Llama 3's tokenizer.model)."""
     from_char = {c: b for b, c in byte_to_unicode().items()}
     ranked = sorted(bpe.get_vocab().items(), key=lambda item: item[1])
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         "".join(f"{base64.b64encode(bytes(from_char[c] for c in t)).decode()} {r}\n"
                 for t, r in ranked)
@@ -102,7 +109,7 @@ def tokenizer_files(args: argparse.Namespace, files: list[Path], size: int) -> t
     tt = args.work_dir / f"tiktoken-{args.tiktoken_vocab}-{size}.model"
     if not tt.is_file():
         print(f"training a {args.tiktoken_vocab}-rank tiktoken BPE file ...", flush=True)
-        tiktoken_ranks(files, args.tiktoken_vocab, tt)
+        write_tiktoken_ranks(byte_level_bpe(Corpus(files).documents(), args.tiktoken_vocab), tt)
     return sp, tt
 
 
