@@ -4,32 +4,17 @@ and a sweep whose measured memory is the planner's kind of memory (issue 16)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import FAST, ROOT
+from test_failures import pretrain_args, yatrain
 
 from yatrain.config import load_recipe
 from yatrain.sweep import run_sweep
 from yatrain.train import wandb_logger
 from yatrain.train.loop import pretrain
 from yatrain.train.record import read_metrics
-
-
-def yatrain(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "yatrain", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-
-
-def pretrain_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
-    sets = [f"--set={s}" for s in [*FAST, f"data.path={data}"]]
-    return ["pretrain", "recipes/tiny.yaml", *sets, "--run-dir", str(run_dir), "--no-progress",
-            *extra]  # fmt: skip
 
 
 def test_a_normal_run_resume_and_export_print_no_warning(small_data, isolated_env, tmp_path):
