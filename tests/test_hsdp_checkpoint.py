@@ -8,10 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from conftest import ROOT
 from distributed import run_ranks
-from test_checkpoint import _train_on_ranks, assert_same_trajectory, losses, train
+from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
+    _train_on_ranks,
+    assert_same_trajectory,
+    losses,
+    train,
+    uninterrupted,
+)
 
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
@@ -19,14 +24,6 @@ from yatrain.topology import shard_group_size
 from yatrain.train import checkpoint as ckpt
 
 HYBRID = ("sharding.shard_group_size=2",)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(small_data, tmp_path_factory) -> dict[int, tuple[float, float]]:
-    run_dir = tmp_path_factory.mktemp("full") / "run"
-    torch.manual_seed(3)
-    train(small_data, run_dir, 8)
-    return losses(run_dir)
 
 
 @pytest.mark.parametrize(
@@ -39,7 +36,7 @@ def uninterrupted(small_data, tmp_path_factory) -> dict[int, tuple[float, float]
     ],
     ids=["2x2-to-full2", "2x2-to-full4", "full4-to-2x2", "2x2-async-to-full2"],
 )
-def test_layouts_resume_each_others_checkpoints(small_data, uninterrupted, tmp_path, first, second):
+def test_layouts_resume_each_others_checkpoints(small_data, uninterrupted, tmp_path, first, second):  # noqa: F811
     run_dir = tmp_path / "run"
     for (world, extra), steps in ((first, 4), (second, 8)):
         run_ranks(world, _train_on_ranks, small_data, run_dir, steps, extra)
