@@ -46,7 +46,7 @@ def step_times(recipe_path: str, overrides: list[str], run_dir: Path) -> list[fl
 
 def documents_per_window(data: Path, seq_len: int) -> float:
     shards = TokenShards.open(data)
-    windows = (shards.num_tokens - 1) // seq_len
+    windows = shards.windows(seq_len)
     return 1 + shards.manifest["num_documents"] / max(windows, 1)
 
 

@@ -114,7 +114,7 @@ class EvalWindows:
         world_size: int,
     ) -> None:  # fmt: skip
         self.held, self.seq_len, self.micro = held, seq_len, micro_batch_size
-        self.available = max(0, (held.shards.num_tokens - 1) // seq_len)
+        self.available = held.shards.windows(seq_len)
         if self.available == 0:
             raise DataError(
                 f"held-out data {held.describe()} has {held.shards.num_tokens:,} tokens, "

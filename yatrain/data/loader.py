@@ -117,7 +117,7 @@ class GlobalBatchLoader(BatchLoader):
         restart_positions: bool = False,
     ):
         check_batching(seq_len, global_batch_size, micro_batch_size, rank, world_size, seed)
-        self.num_windows = max(0, (shards.num_tokens - 1) // seq_len)
+        self.num_windows = shards.windows(seq_len)
         if self.num_windows < global_batch_size:
             raise DataError(
                 f"corpus has {self.num_windows} windows of {seq_len}+1 tokens, fewer than one "

@@ -86,7 +86,7 @@ class MixtureLoader(BatchLoader):
         _check_same_tokenizer(sources)
         self.sources, self.seq_len, self.seed = sources, seq_len, seed
         self.weights = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-        self.num_windows = [max(0, (s.num_tokens - 1) // seq_len) for s in sources]
+        self.num_windows = [s.windows(seq_len) for s in sources]
         for shards, windows in zip(sources, self.num_windows, strict=True):
             if windows == 0:
                 raise DataError(

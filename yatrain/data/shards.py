@@ -144,6 +144,11 @@ class TokenShards:
             arrays.append(array)
         return cls(path, manifest, arrays, split)
 
+    def windows(self, seq_len: int) -> int:
+        """How many windows of ``seq_len + 1`` tokens the stream holds (consecutive windows
+        share one token: the last target of one is the first input of the next)."""
+        return max(0, (self.num_tokens - 1) // seq_len)
+
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the whole stream as int64, across files;
         DataError for an id outside the manifest's vocabulary."""
