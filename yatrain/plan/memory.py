@@ -60,7 +60,7 @@ def engine_layout(
     layouts, small = unit_layouts(m, world)
     buffers = engine_buffers(
         [layout.numel for layout in layouts],
-        [len(layout.slots) == 1 for layout in layouts],
+        [layout.single_tensor for layout in layouts],
         small.numel,
         world_size=world,
         param_dtype=DTYPES[dtype],

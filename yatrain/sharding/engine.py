@@ -115,7 +115,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         """What this engine preallocates (``sizes.engine_buffers`` over its layouts)."""
         return engine_buffers(
             [layout.numel for layout in self.layouts],
-            [len(layout.slots) == 1 for layout in self.layouts],
+            [layout.single_tensor for layout in self.layouts],
             self.small.numel,
             world_size=self.shard_size,
             param_dtype=self.param_dtype,
@@ -156,7 +156,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         """Exactly what ``self.plan`` says; at world size 1 without a process group every
         unit computes straight from its shard (or its bf16 copy)."""
         plan, dev = self.plan, self.device
-        single = [len(layout.slots) == 1 for layout in self.layouts]
+        single = [layout.single_tensor for layout in self.layouts]
         self.slot_of = grad_slots(single, plan, dev)
         self.reducer: PieceReducer | None = None
         if self.direct:

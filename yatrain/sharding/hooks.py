@@ -159,7 +159,7 @@ class UnitSchedule:
         layout, slot = self.layouts[unit], self.slot_of[unit]
         param = layout.slots[index]
         if self.direct:  # one process: straight into the fp32 gradient shard
-            self._direct_grad(unit, param.offset, grad.reshape(-1), len(layout.slots) == 1)
+            self._direct_grad(unit, param.offset, grad.reshape(-1), layout.single_tensor)
         elif slot is None:  # a single tensor: reduce-scatter autograd's tensor itself
             self._submit(unit, grad.reshape(-1), layout.numel)
         else:

@@ -51,6 +51,12 @@ class FlatLayout:
             offset += tensor.numel()
         return cls(slots, world_size)
 
+    @property
+    def single_tensor(self) -> bool:
+        """One parameter only: autograd's own gradient tensor is the unit's whole gradient,
+        so it needs no gradient buffer (sizes.py)."""
+        return len(self.slots) == 1
+
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of ``flat`` shaped like each parameter (no copies)."""
         return [flat.narrow(0, s.offset, s.numel).view(s.shape) for s in self.slots]
