@@ -8,12 +8,12 @@ import yaml
 
 from yatrain.config import (
     Recipe,
-    check_vocab,
     load_recipe,
     recipe_from_dict,
     recipe_to_dict,
 )
 from yatrain.errors import ConfigError
+from yatrain.recipe_checks import check_vocab
 from yatrain.topology import validate_world_size
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))

@@ -14,7 +14,7 @@ import tiktoken
 from tokenizer_fixtures import sample_texts, write_hf, write_tiktoken
 from tokenizers import Tokenizer as HFBackend
 
-from yatrain.config import check_vocab, load_recipe
+from yatrain.config import load_recipe
 from yatrain.data import (
     TokenShards,
     export_tokenizer,
@@ -26,6 +26,7 @@ from yatrain.data.tokenizer_export import tiktoken_to_hf, write_hf_tokenizer
 from yatrain.data.tokenizer_formats import detect_kind
 from yatrain.data.tokenizer_tiktoken import PATTERN, special_tokens, split_for_encoding
 from yatrain.errors import ConfigError, DataError
+from yatrain.recipe_checks import check_vocab
 
 TRICKY = [
     "",

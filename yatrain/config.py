@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 
 from yatrain.errors import ConfigError
+from yatrain.recipe_checks import check_shapes
 from yatrain.schema import build_dataclass, to_dict
 from yatrain.schema import limit as _limit
 
@@ -252,7 +253,7 @@ def _apply_override(d: dict, item: str) -> None:
 def recipe_from_dict(d: dict) -> Recipe:
     """Build a validated Recipe from plain nested dicts (as parsed from YAML)."""
     recipe = build_dataclass(Recipe, d)
-    _check_shapes(recipe)
+    check_shapes(recipe)
     return recipe
 
 
@@ -264,79 +265,3 @@ def recipe_to_dict(r: Recipe) -> dict:
 def recipe_to_yaml(r: Recipe) -> str:
     """The fully resolved recipe as YAML, keys in schema order (a run's config.yaml)."""
     return yaml.safe_dump(recipe_to_dict(r), sort_keys=False)
-
-
-def _check_shapes(r: Recipe) -> None:
-    """Cross-field checks: shapes the model or the batching cannot satisfy (first one wins)."""
-    m, data, optim = r.model, r.data, r.optim
-    divisors = ", ".join(str(k) for k in range(1, m.n_heads + 1) if m.n_heads % k == 0)
-    micro, gbs = data.micro_batch_size, data.global_batch_size
-    n_ckpt = r.sharding.activation_checkpoint_layers
-    too_deep = n_ckpt != "auto" and n_ckpt > m.n_layers  # "auto" never exceeds the depth
-    checks = [
-        (m.dim % m.n_heads, f"'model.dim' ({m.dim}) is not divisible by 'model.n_heads' "
-         f"({m.n_heads}); choose n_heads that divides dim"),
-        (m.n_heads % m.n_kv_heads, f"'model.n_heads' ({m.n_heads}) is not divisible by "
-         f"'model.n_kv_heads' ({m.n_kv_heads}); set n_kv_heads to one of {divisors}"),
-        (m.head_dim % 2, f"head dim 'model.dim'/'model.n_heads' = {m.head_dim} is odd; "
-         "rotary embeddings need an even head dim, change dim or n_heads"),
-        (data.seq_len > m.max_seq_len, f"'data.seq_len' ({data.seq_len}) exceeds "
-         f"'model.max_seq_len' ({m.max_seq_len}); lower one or raise the other"),
-        (gbs % micro, f"'data.global_batch_size' ({gbs}) is not a multiple of "
-         f"'data.micro_batch_size' ({micro}); use e.g. {-(-gbs // micro) * micro}"),
-        (too_deep, f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
-         f"'model.n_layers' ({m.n_layers}); use 0..{m.n_layers}"),
-        (optim.min_lr > optim.lr, f"'optim.min_lr' ({optim.min_lr}) is greater than "
-         f"'optim.lr' ({optim.lr}); the schedule decays from lr down to min_lr, lower it"),
-    ]  # fmt: skip
-    for failed, message in checks:
-        if failed:
-            raise ConfigError(message)
-    _check_sources(data)
-
-
-def _check_sources(data: DataConfig) -> None:
-    """data.path or data.sources, not both; a mixture names each directory once."""
-    if data.path is None and data.sources is None:
-        raise ConfigError(
-            "missing required key 'data.path' (or 'data.sources' for a weighted mixture); add "
-            "it to the recipe (see recipes/llama3_8b.yaml for a complete example)"
-        )
-    if data.path is not None and data.sources is not None:
-        raise ConfigError(
-            "'data.path' and 'data.sources' are both set: train on one directory (data.path) "
-            "or a mixture (data.sources), e.g. --set data.path=null"
-        )
-    if data.sources is not None:
-        if not data.sources:
-            raise ConfigError("'data.sources' is empty: list at least one {path, weight}")
-        seen: dict[str, int] = {}
-        names: dict[str, int] = {}
-        for i, source in enumerate(data.sources):
-            key = str(Path(source.path))
-            if key in seen:
-                raise ConfigError(
-                    f"'data.sources[{i}].path' repeats data.sources[{seen[key]}] ({source.path}): "
-                    "list each directory once and give it the combined weight"
-                )
-            if source.label in names:
-                raise ConfigError(
-                    f"'data.sources[{i}]' and data.sources[{names[source.label]}] are both "
-                    f"named {source.label!r} in logs: give one a 'name'"
-                )
-            seen[key], names[source.label] = i, i
-    if data.restart_positions and not data.document_mask:
-        raise ConfigError(
-            "'data.restart_positions' needs 'data.document_mask: true' (positions restart "
-            "where attention stops at a document boundary)"
-        )
-
-
-def check_vocab(recipe: Recipe, tokenizer_vocab_size: int) -> None:
-    """The embedding table must have a row for every token id the tokenizer can produce."""
-    if recipe.model.vocab_size < tokenizer_vocab_size:
-        raise ConfigError(
-            f"'model.vocab_size' ({recipe.model.vocab_size}) is smaller than the tokenizer's "
-            f"vocabulary ({tokenizer_vocab_size}); set model.vocab_size to at least "
-            f"{tokenizer_vocab_size}"
-        )

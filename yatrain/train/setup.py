@@ -16,12 +16,13 @@ import torch
 from torch import nn
 
 from yatrain.common import DTYPES
-from yatrain.config import Recipe, check_vocab
+from yatrain.config import Recipe
 from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
+from yatrain.recipe_checks import check_vocab
 from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
