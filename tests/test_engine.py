@@ -22,6 +22,7 @@ from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
+from yatrain.train.compile import compile_layers
 from yatrain.train.step import train_step
 
 CFG = ModelConfig(
@@ -85,15 +86,28 @@ def untrained(data: torch.Tensor) -> tuple[list[float], dict[str, torch.Tensor]]
 
 
 def train_sharded(
-    rank, world, data, micro, clip, ckpt, dtype="fp32", reduce="fp32", depth=1, **options
+    rank,
+    world,
+    data,
+    micro,
+    clip,
+    ckpt,
+    dtype="fp32",
+    reduce="fp32",
+    depth=1,
+    compile=None,
+    **options,
 ):
     """The engine as the training loop drives it; returns losses, gradient norms, weights.
-    ``options`` go to the engine."""
+    ``compile``: a torch.compile backend for the decoder layers (train.compile); ``options``
+    go to the engine."""
     model = build_model(CFG, ckpt)
     engine = engine_for(
         model, param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce], prefetch_depth=depth,
         **options,
     )  # fmt: skip
+    if compile is not None:
+        compile_layers(model.layers, compile)
     opt = optimizer_for(engine.param_groups(0.1))
     per_rank = data.shape[1] // world
     losses, norms = [], []

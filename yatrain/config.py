@@ -96,6 +96,12 @@ class TrainConfig:
     loss_chunk_tokens: int = _limit(LOSS_CHUNK_TOKENS, ge=1)
     # Trace N steps (after 2) with torch.profiler into RUN_DIR/profile/; 0 = off.
     profile: int = _limit(0, ge=0)
+    # torch.compile each decoder layer's forward (the engine's gathers and reductions stay
+    # eager around it); the first step pays the compile (train/compile.py, README: Compile).
+    compile: bool = False
+    # The torch.compile backend: inductor generates kernels (C++ on CPU, Triton on GPUs);
+    # aot_eager traces the same graphs with the same guards but runs eager kernels (debugging).
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     # Under torchrun: a step (or a save) stuck this long in a collective (a rank hung or
     # died) ends the run with one line naming the step and the rank, instead of hanging.
     collective_timeout_s: float = _limit(600.0, gt=0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch.distributed as dist
@@ -77,16 +78,22 @@ def train(run: Run) -> dict:
     guard = StepGuard(run.runtime.device)
     run.loggers.start_progress(total, run.start_step)
     run.meter.start(first_step=run.start_step + 1)
+    evaluated = False
     try:
         for step_number in range(run.start_step + 1, total + 1):
             run.step_number = step_number
             run.watchdog.phase(f"step {step_number}")
-            with run.profiler.step(step_number):
+            first_step = step_number == run.start_step + 1
+            with run.profiler.step(step_number), warming_up(run, first_step):
                 outcome, lr = step(run, step_number, guard)
+            if first_step and run.compiler is not None:
+                run.loggers.say(run.compiler.describe())
             evaluation = None
             if run.evaluator.due(step_number, outcome.stop):
                 run.watchdog.phase(f"the evaluation after step {step_number}")
-                evaluation = evaluate(run)
+                with warming_up(run, not evaluated):
+                    evaluation = evaluate(run)
+                evaluated = True
             if run.meter.due(step_number) or evaluation is not None:
                 log(run, step_number, outcome, lr, evaluation)
             if run.checkpointer.due(step_number, outcome.stop):
@@ -98,6 +105,8 @@ def train(run: Run) -> dict:
                 raise Interrupted(_stop_message(run, guard, step_number))
         run.watchdog.phase(None)
         summary = run.meter.summary(run.run_dir)
+        if run.compiler is not None:
+            summary |= run.compiler.summary()
         run.loggers.summary(summary)
         return summary
     finally:
@@ -136,9 +145,22 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     if outcome.nonfinite:
         run.skipped_steps += 1
         run.loggers.say(f"warning: step {step_number} skipped (non-finite loss or gradient norm)")
+    if run.compiler is not None:  # compile time is reported once, not as step time
+        run.meter.exclude(run.compiler.take_seconds())
     run.meter.step_done()
     run.loggers.step_done()
     return outcome, lr
+
+
+@contextlib.contextmanager
+def warming_up(run: Run, warm_up: bool) -> Iterator[None]:
+    """With train.compile: graphs compiled inside (the first step's, the first evaluation's)
+    are expected; any later one is a recompile (``CompileWatch``)."""
+    if run.compiler is None or not warm_up:
+        yield
+        return
+    with run.compiler.warming_up():
+        yield
 
 
 def evaluate(run: Run) -> Evaluation:
@@ -146,6 +168,8 @@ def evaluate(run: Run) -> Evaluation:
     step-time window."""
     evaluation = run.evaluator.evaluate(run.model)
     run.meter.exclude(evaluation.seconds)
+    if run.compiler is not None:
+        run.compiler.take_seconds()  # inside the evaluation's time, excluded already
     return evaluation
 
 

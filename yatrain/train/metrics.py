@@ -159,11 +159,13 @@ class StepMeter:
     @contextlib.contextmanager
     def watching_tensors(self, step: int) -> Iterator[None]:
         """On CPU at ``tensor_step``: count live tensors through this step (see the module
-        docstring); elsewhere nothing."""
+        docstring); elsewhere nothing. The tracker cannot see inside compiled code, so that
+        step runs eagerly (train.compile's layers included: what it counts is the eager peak)."""
         if step != self.tensor_step or self.device.type == "cuda":
             yield
             return
-        with LiveTensorTracker(self.device) as tracker:
+        eager = torch.compiler.set_stance("force_eager")
+        with eager, LiveTensorTracker(self.device) as tracker:
             tracker.adopt(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
             tracker.reset_peak()
             yield

@@ -26,6 +26,7 @@ from yatrain.recipe_checks import check_vocab
 from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
+from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend, compile_layers
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
@@ -64,6 +65,7 @@ class Run:
     evaluator: Evaluator
     lock: RunDirLock | None
     watchdog: Watchdog
+    compiler: CompileWatch | None = None  # train.compile: counts and times compilations
     start_step: int = 0
     skipped_steps: int = 0
     step_number: int = field(default=0)  # the step being run (for messages)
@@ -76,6 +78,8 @@ class Run:
         self.checkpointer.close(self.loggers.say)
         self.watchdog.close()
         self.loggers.close()
+        if self.compiler is not None:
+            self.compiler.close()
         if self.lock is not None:
             self.lock.release()
 
@@ -91,6 +95,8 @@ def setup(
     layers = checkpoint_layers(recipe, runtime, loggers)
     if checks.fit:
         check_fit(recipe, runtime.world_size, runtime.device, layers)
+    if recipe.train.compile:
+        check_backend(recipe.train.compile_backend, runtime.device)
     loader = build_loader(recipe, runtime, loggers)
     evaluator = build_evaluator(
         recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
@@ -98,9 +104,10 @@ def setup(
     run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
     check_fresh_start_allowed(run_dir, resume)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
-    checkpointer = None
+    checkpointer = compiler = None
     try:
         model, engine = build_engine(recipe, runtime, layers, checks.verify, group)
+        compiler = compile_model(recipe, model, run_dir)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
         checkpointer = Checkpointer(recipe, run_dir / recipe.checkpoint.dir, engine, optimizer,
                                     loader, runtime, verify=checks.verify)  # fmt: skip
@@ -124,11 +131,23 @@ def setup(
             checkpointer.close(loggers.say)
         watchdog.close()
         loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
+        if compiler is not None:
+            compiler.close()
         if lock is not None:
             lock.release()
         raise
-    return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
-               meter, profiler, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
+    parts = (loader, model, engine, optimizer, checkpointer, loggers, meter, profiler, evaluator)
+    return Run(recipe, runtime, run_dir, *parts, lock, watchdog, compiler, start_step, skipped)
+
+
+def compile_model(recipe: Recipe, model: nn.Module, run_dir: Path) -> CompileWatch | None:
+    """With ``train.compile``: each decoder layer's forward compiled (the engine's hooks stay
+    outside), inductor's cache in the run directory, where a restart finds it."""
+    if not recipe.train.compile:
+        return None
+    backend = recipe.train.compile_backend
+    compile_layers(model.layers, backend)
+    return CompileWatch(backend, run_dir / CACHE_DIRNAME if backend == "inductor" else None)
 
 
 def _layout(engine: ShardedEngine) -> str:
