@@ -10,9 +10,10 @@ against a live-tensor count (tests do):
 - each unit's fp32 gradient shard, which exists from the unit's first reduction in a step to
   the optimizer step: counted at each moment for the units reduced by then (all of them
   through a later micro-batch of several);
-- activations (``ActivationSizes``): what autograd saves per decoder layer in this Llama
-  (fp32 RMSNorm inputs, the fused-attention inputs/outputs and log-sum-exp, four SwiGLU
-  tensors); a checkpointed layer keeps only its input;
+- activations (``activations.ActivationSizes``): what autograd saves per decoder layer in
+  this Llama (fp32 RMSNorm inputs, the fused-attention inputs/outputs and log-sum-exp, four
+  SwiGLU tensors; less for a compiled layer, ``train.compile``); a checkpointed layer keeps
+  only its input;
 - the loss: the output head fused with the cross-entropy computes one chunk of tokens at a
   time (``train.loss_chunk_tokens``): one chunk's logits in fp32 (and in the parameter dtype
   while it is cast), the gradient of the hidden states, and the head's weight gradient,
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import flops_per_token, layer_matmul_weights
+from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
 from yatrain.plan.layout import planned_group, traffic_table, unit_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers
 
@@ -90,104 +92,6 @@ def engine_state_bytes(
     }
 
 
-@dataclass(frozen=True)
-class GradientShards:
-    """Bytes of the fp32 gradient shards: each unit's is allocated at its first reduction
-    in a step and freed after the optimizer step."""
-
-    all_units: int
-    head: int  # the last unit (reduced first in the backward)
-    layer: int  # one inner unit
-
-    @classmethod
-    def of(cls, m: ModelConfig, world: int) -> GradientShards:
-        layouts, _ = unit_layouts(m, world)
-        shards = [4 * layout.shard_numel for layout in layouts]
-        return cls(sum(shards), shards[-1], max(shards[1:-1], default=0))
-
-
-# ----------------------------------------------------------------------------- activations
-
-
-@dataclass(frozen=True)
-class ActivationSizes:
-    """Bytes of one micro-batch's activations (see module docstring for what is counted)."""
-
-    full_layer: int  # saved by a decoder layer that is not checkpointed
-    checkpointed_layer: int  # its input only
-    backward_workspace: int  # gradients in flight inside one layer's backward
-    final_norm: int
-    loss: int  # one chunk's logits, fp32 and cast, and the hidden states' gradient
-    head_gradient: int  # the output head's weight gradient (parameter dtype)
-    batch: int  # input and target token ids (int64) and the rotary tables
-
-    @classmethod
-    def of(
-        cls, m: ModelConfig, seq_len: int, micro_batch: int, dtype: str, chunk_tokens: int
-    ) -> ActivationSizes:
-        p, n, d = dtype_bytes(dtype), seq_len * micro_batch, m.dim
-        kv = m.n_kv_heads * m.head_dim
-        norm = n * (4 * d + 2 * p * d)  # fp32 input (pow), normalised (mul), output (linear)
-        attention = n * p * (2 * d + 2 * kv)  # rotated q, k; v; attention output
-        lse = 4 * micro_batch * m.n_heads * seq_len  # fp32 log-sum-exp per query and head
-        ffn = 4 * n * p * m.ffn_dim  # w1 x (silu input), silu, w3 x, their product
-        chunk = min(chunk_tokens, n)
-        logits = chunk * m.vocab_size * (4 + (p if p != 4 else 0))  # fp32 (+ cast) logits
-        return cls(
-            full_layer=2 * norm + attention + lse + ffn,
-            checkpointed_layer=n * p * d,
-            # two ffn-sized gradients inside a layer's backward and its input's gradient (a
-            # weight's gradient on its way into the gradient buffer overlaps with freed
-            # activations: counting it overestimates every measured case)
-            backward_workspace=2 * n * p * m.ffn_dim + n * p * d,
-            final_norm=norm,
-            loss=logits + n * p * d,
-            head_gradient=p * m.vocab_size * d,
-            batch=16 * n + 4 * seq_len * m.head_dim,
-        )
-
-
-def activation_peak(
-    a: ActivationSizes, n_layers: int, checkpointed: int, g: GradientShards, accumulating: bool,
-    direct: bool = False,
-) -> tuple[str, dict[str, int]]:  # fmt: skip
-    """The largest moment of a step above the resident state: (moment, its parts in bytes).
-
-    Moments: the loss; the backward of each layer that kept its activations and the
-    recompute of each checkpointed one (the layers above it have freed theirs, and their
-    gradient shards exist: a unit's from its first reduction on, every unit's through a
-    later micro-batch of several, ``accumulating``; on the ``direct`` path of one process
-    also the running layer's, which its first weight gradient fills); the gradient norm."""
-    k, n = checkpointed, n_layers
-
-    def moment(acts: int, loss: int, head: int, workspace: int, grads: int) -> dict[str, int]:
-        return {"activations": acts, "logits_and_loss": loss, "head_gradient": head,
-                "backward_workspace": workspace, "gradients": grads}  # fmt: skip
-
-    def reduced(layers_above: int) -> int:  # the head and the layers above this one
-        return g.all_units if accumulating else g.head + (layers_above + direct) * g.layer
-
-    saved = k * a.checkpointed_layer + (n - k) * a.full_layer
-    moments = {
-        "loss": moment(
-            saved + a.final_norm, a.loss, a.head_gradient, 0, g.all_units if accumulating else 0
-        ),  # fmt: skip
-        "gradient norm": moment(0, 0, 0, 0, g.all_units),
-    }
-    for i in range(n - 1, k - 1, -1):  # layers that kept their activations
-        acts = k * a.checkpointed_layer + (i - k + 1) * a.full_layer
-        head = a.head_gradient if i == n - 1 else 0  # reduced while the last layer runs
-        moments[f"backward of layer {i}"] = moment(
-            acts, 0, head, a.backward_workspace, reduced(n - 1 - i)
-        )
-    for j in range(k - 1, -1, -1):  # checkpointed layers: their inputs, one recomputed
-        acts = (j + 1) * a.checkpointed_layer + a.full_layer
-        moments[f"recompute of layer {j}"] = moment(
-            acts, 0, 0, a.backward_workspace, reduced(n - 1 - j)
-        )
-    return max(moments.items(), key=lambda kv: sum(kv[1].values()))
-
-
 def recompute_fraction(m: ModelConfig, seq_len: int, checkpointed: int) -> float:
     """Extra FLOPs of recomputing the checkpointed layers' forward, as a share of the step's
     useful FLOPs (``flops_per_token``): each layer forward is 2 x weights + 4 x seq x dim."""
@@ -239,8 +143,9 @@ def plan_for_layers(
     direct = group == 1 and not s.force_process_group
     state = engine_state_bytes(m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct)
     acts = ActivationSizes.of(
-        m, data.seq_len, data.micro_batch_size, dtype, recipe.train.loss_chunk_tokens
-    )
+        m, data.seq_len, data.micro_batch_size, dtype, recipe.train.loss_chunk_tokens,
+        compiled=recipe.train.compile,
+    )  # fmt: skip
     accumulating = data.global_batch_size > data.micro_batch_size * world_size
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(

@@ -9,6 +9,11 @@
   reduce-scatters, the communication stream) even with one rank.
 - fsdp2: ``fully_shard`` on every decoder layer, then the root, ``MixedPrecisionPolicy``,
   foreach AdamW over the DTensor parameters; reduce-scatters every micro-batch.
+- yatrain-compile, fsdp2-compile: the same two with every decoder layer compiled
+  (``--compile-backend``, inductor by default), the plain loss, nothing else compiled.
+  yatrain compiles each layer's forward function (``train.compile``); FSDP2 follows
+  torchtitan's order: activation checkpointing, ``torch.compile`` of each block, then
+  ``fully_shard`` of the compiled blocks and the root.
 - ddp: ``DistributedDataParallel`` of the whole model, ``no_sync`` on all but the last
   micro-batch, its all-reduce issued through ``torch.distributed`` so it is counted.
 - bare (world 1): the plain single-process step (``yatrain.bench.bare``).
@@ -32,10 +37,20 @@ from yatrain.common import DTYPES
 from yatrain.config import ModelConfig, OptimConfig
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
+from yatrain.train.compile import compile_layers
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import cross_entropy, logits_loss, model_loss, train_step
 
-CONTENDERS = ("yatrain", "yatrain-chunked", "yatrain-pg", "fsdp2", "ddp", "bare")
+CONTENDERS = (
+    "yatrain",
+    "yatrain-chunked",
+    "yatrain-pg",
+    "yatrain-compile",
+    "fsdp2",
+    "fsdp2-compile",
+    "ddp",
+    "bare",
+)
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0
 
 
@@ -63,13 +78,17 @@ def _opt_kind(opt: torch.optim.Optimizer) -> str:
     return "(fused)" if d.get("fused") else "(foreach)" if d.get("foreach") else ""
 
 
-def build_yatrain(o: dict, device: torch.device, loss_fn=logits_loss, force=False) -> Trainer:
+def build_yatrain(
+    o: dict, device: torch.device, loss_fn=logits_loss, force=False, compiled=False
+) -> Trainer:
     model = build_model(model_config(o), o["ac_layers"], o["loss_chunk_tokens"])
     engine = ShardedEngine.from_model(
         model, device=device, seed=o["seed"], param_dtype=DTYPES[o["dtype"]],
         reduce_dtype=DTYPES[o["reduce_dtype"]], prefetch_depth=o["prefetch_depth"],
         force_process_group=force,
     )  # fmt: skip
+    if compiled:
+        compile_layers(model.layers, o["compile_backend"])
     optim_cfg = OptimConfig(
         lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, grad_clip=CLIP
     )
@@ -82,11 +101,14 @@ def build_yatrain(o: dict, device: torch.device, loss_fn=logits_loss, force=Fals
     return Trainer(step, engine_bytes=lambda: engine.bytes_sent, extra=extra)
 
 
-def build_fsdp2(o: dict, device: torch.device) -> Trainer:
+def build_fsdp2(o: dict, device: torch.device, compiled=False) -> Trainer:
     model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
     policy = MixedPrecisionPolicy(
         param_dtype=DTYPES[o["dtype"]], reduce_dtype=DTYPES[o["reduce_dtype"]]
     )
+    if compiled:  # the model checkpoints its first layers around each block's call
+        for index, layer in enumerate(model.layers):
+            model.layers[index] = torch.compile(layer, backend=o["compile_backend"], fullgraph=True)
     for layer in model.layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
@@ -146,7 +168,9 @@ BUILDERS = {
     "yatrain": build_yatrain,
     "yatrain-chunked": lambda o, device: build_yatrain(o, device, loss_fn=model_loss),
     "yatrain-pg": lambda o, device: build_yatrain(o, device, force=True),
+    "yatrain-compile": lambda o, device: build_yatrain(o, device, compiled=True),
     "fsdp2": build_fsdp2,
+    "fsdp2-compile": lambda o, device: build_fsdp2(o, device, compiled=True),
     "ddp": build_ddp,
     "bare": build_bare,
 }

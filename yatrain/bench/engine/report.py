@@ -9,6 +9,7 @@ import argparse
 
 import torch
 
+from yatrain.bench.engine.blocks import block_seconds
 from yatrain.bench.engine.contenders import model_config
 from yatrain.bench.measure import median, spread, table, verdict
 from yatrain.common import format_bytes
@@ -119,11 +120,34 @@ def _targets(args, agg: dict, med: dict, mem: dict) -> None:
             ratio = live / live_ref
             checks.append((f"{label}: {c} live tensors <= {live_t:.2f}x FSDP2",
                            f"{ratio:.3f}x", verdict(ratio, live_t)))  # fmt: skip
+    checks += _compile_targets(med, mem)
+    if "yatrain-compile" in med and "yatrain" in med and args.device == "cpu":
+        share = block_seconds(vars(args)) / med["yatrain"]
+        print(f"decoder blocks (forward + backward, eager, alone): {share:.0%} of the eager "
+              "yatrain step: compiling them can save at most that share")  # fmt: skip
     if "yatrain" in med and "bare" in med:
         r = med["yatrain"] / med["bare"]
         checks.append(("world 1: yatrain step time <= 1.03x bare", f"{r:.3f}x", verdict(r, 1.03)))
     if checks:
         print(table(["target", "measured", "result"], checks))
+
+
+# train.compile's targets (fp32 on CPU): compiled vs eager, and vs FSDP2 compiled.
+COMPILE_TARGETS = (("yatrain-compile", "yatrain", 0.80), ("yatrain-compile", "fsdp2-compile", 0.85))
+
+
+def _compile_targets(med: dict, mem: dict) -> list[tuple[str, str, str]]:
+    checks = []
+    for contender, baseline, limit in COMPILE_TARGETS:
+        if contender in med and baseline in med:
+            r = med[contender] / med[baseline]
+            checks.append((f"compile: {contender} step time <= {limit:.2f}x {baseline}",
+                           f"{r:.3f}x", verdict(r, limit)))  # fmt: skip
+    c, ref = mem.get("yatrain-compile"), mem.get("fsdp2-compile")
+    if c and ref:
+        checks.append(("compile: yatrain-compile peak memory <= fsdp2-compile", f"{c / ref:.3f}x",
+                       verdict(c / ref, 1.0)))  # fmt: skip
+    return checks
 
 
 def _peak_flops(args) -> tuple[float, str]:
