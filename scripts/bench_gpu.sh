@@ -2,26 +2,42 @@
 # One-GPU benchmark, bf16 weights with fp32 masters and fp32 gradient reduction, on a
 # Llama-shaped model big enough to keep an H100/H200 busy (dim 2048, 16 layers, 16 heads /
 # 8 kv heads, ffn 5632, vocab 32000: ~0.89B parameters; seq 2048 x micro-batch 4 = 8192
-# tokens per step). Everything below runs inside one 470 s limit:
+# tokens per step). It runs in sections, each inside its own time budget (seconds), all of
+# them inside one lease of a lent GPU (10 minutes a command):
 #
-# 1. python -m yatrain.bench.pathcheck: the engine's buffered path (force_process_group: a
-#    one-rank NCCL group, the gather and gradient buffers, the reduce-scatter pieces, the
-#    communication stream and its events) trains 4 steps from the same weights on the same
-#    batches as its direct path (identical losses required) and as a bare PyTorch step
-#    (autocast; losses within 1%). A failure stops the script before any timing.
-# 2. python -m yatrain.bench.engine: yatrain (direct path, plain loss), yatrain-pg (the
-#    buffered path), yatrain-chunked (the loss yatrain pretrain uses), a bare PyTorch step
-#    and FSDP2, each in freshly spawned processes with a one-rank NCCL group, interleaved
-#    across repeats: tokens/s, MFU (vs the bf16 dense peak, 989 TFLOP/s on H100/H200), peak
-#    allocated and reserved CUDA memory, ratios vs FSDP2.
+# pathcheck (60)  python -m yatrain.bench.pathcheck: the engine's buffered path
+#                 (force_process_group: a one-rank NCCL group, the gather and gradient
+#                 buffers, the reduce-scatter pieces, the communication stream and its events)
+#                 trains 4 steps from the same weights on the same batches as its direct path
+#                 (identical losses required) and as a bare PyTorch step (autocast; losses
+#                 within 1%). A failure stops the script before any timing.
+# engine (170)    python -m yatrain.bench.engine: yatrain (direct path, plain loss), yatrain-pg
+#                 (the buffered path), yatrain-chunked (the loss yatrain pretrain uses), a bare
+#                 PyTorch step and FSDP2, each in freshly spawned processes with a one-rank NCCL
+#                 group, interleaved across repeats: tokens/s, MFU (vs the bf16 dense peak, 989
+#                 TFLOP/s on H100/H200), peak allocated and reserved CUDA memory, ratios.
+# compile (230)   the same benchmark with every decoder layer compiled by inductor: yatrain and
+#                 FSDP2, eager and compiled, side by side (train.compile; FSDP2 in torchtitan's
+#                 order: checkpointing, torch.compile per block, fully_shard). Each repeat
+#                 compiles anew (inductor's cache makes repeats after the first cheaper).
 #
-# Installs nothing: uses the repo's yatrain if it is not installed (PYTHONPATH=repo root).
-# Extra arguments go to both steps, e.g.  bash scripts/bench_gpu.sh --n-layers 8 --repeats 1
-set -euo pipefail
+#   bash scripts/bench_gpu.sh                          # every section
+#   bash scripts/bench_gpu.sh --sections compile       # some of them (comma list)
+#   bash scripts/bench_gpu.sh --n-layers 8 --repeats 1 # other arguments go to every section
+#
+# A section that outruns its budget is stopped (its partial output stays) and the next one
+# runs. Installs nothing: uses the repo's yatrain if it is not installed (PYTHONPATH=repo root).
+set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON="${PYTHON:-python}"
+
+SECTIONS="pathcheck,engine,compile"
+if [ "${1:-}" = "--sections" ]; then
+  SECTIONS="$2"
+  shift 2
+fi
 
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
     2>/dev/null; then
@@ -40,10 +56,32 @@ SHAPE=(--device cuda --dtype bf16 --reduce-dtype fp32
   --dim 2048 --n-layers 16 --n-heads 16 --n-kv-heads 8 --ffn-dim 5632 --vocab 32000
   --seq-len 2048 --micro-batch 4 --accum 1 --ac-layers 0)
 
-# shellcheck disable=SC2016
-exec timeout --signal=INT --kill-after=20 470 bash -c '
-  "$0" -m yatrain.bench.pathcheck "$@" --warmup 0 --steps 4 &&
-  exec "$0" -m yatrain.bench.engine --world-size 1 \
+wanted() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+
+# section NAME BUDGET_S COMMAND...: run it under its budget; 124 = stopped at the budget.
+section() {
+  local name=$1 budget=$2
+  shift 2
+  echo "== $name (budget ${budget}s)"
+  timeout --signal=INT --kill-after=15 "$budget" "$@"
+  local rc=$?
+  if [ "$rc" -eq 124 ]; then echo "== $name: stopped at its ${budget}s budget"; fi
+  return "$rc"
+}
+
+if wanted pathcheck; then
+  section pathcheck 60 "$PYTHON" -m yatrain.bench.pathcheck "${SHAPE[@]}" "$@" \
+    --warmup 0 --steps 4 || { echo "pathcheck failed: no timing"; exit 1; }
+fi
+status=0
+if wanted engine; then
+  section engine 170 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
     --contenders yatrain,yatrain-pg,yatrain-chunked,bare,fsdp2 \
-    --warmup 3 --steps 15 --repeats 3 "$@"
-' "$PYTHON" "${SHAPE[@]}" "$@"
+    --warmup 3 --steps 15 --repeats 3 "${SHAPE[@]}" "$@" || status=1
+fi
+if wanted compile; then
+  section compile 230 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+    --contenders yatrain,yatrain-compile,fsdp2,fsdp2-compile \
+    --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
+fi
+exit "$status"

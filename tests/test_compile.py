@@ -191,3 +191,21 @@ def test_inductor_without_a_cpp_compiler_is_refused_at_start(monkeypatch):
 def test_unknown_backend_is_one_line():
     with pytest.raises(ConfigError, match="train.compile_backend"):
         recipe(Path("data"), "train.compile_backend=tensorrt")
+
+
+def test_engine_benchmark_runs_compiled_contenders(capsys):
+    """bench_engine's yatrain-compile and fsdp2-compile on a tiny shape: same final loss as
+    their eager twins, and the compile targets and the blocks' share are reported."""
+    from yatrain.bench.engine.cli import main
+
+    shape = "--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 128 --vocab 256"
+    shape += " --seq-len 32 --dtype fp32 --repeats 1 --steps 1 --warmup 1 --mem-steps 1"
+    contenders = "yatrain,yatrain-compile,fsdp2,fsdp2-compile"
+    assert main([*shape.split(), "--contenders", contenders, "--compile-backend", "aot_eager"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    loss = {name: rows[name].split("|")[9].strip() for name in contenders.split(",")}
+    assert loss["yatrain-compile"] == loss["yatrain"] == loss["fsdp2-compile"] == loss["fsdp2"]
+    assert "compile: yatrain-compile step time <= 0.80x yatrain" in out
+    assert "compile: yatrain-compile peak memory <= fsdp2-compile" in out
+    assert "decoder blocks (forward + backward, eager, alone):" in out
