@@ -22,6 +22,8 @@ from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.train.compile import check_backend, compile_layers
+from yatrain.train.eval_checkpoint import evaluate_checkpoint
+from yatrain.train.generation import generate_text
 from yatrain.train.loop import pretrain
 from yatrain.train.setup import Checks
 from yatrain.train.step import train_step
@@ -149,7 +151,11 @@ def test_a_run_compiles_once_and_never_again(small_data, tmp_path, capfd):
     assert "warning" not in err.lower()
     records = metrics(tmp_path / "run")
     assert records[10]["val_loss"] is not None and records[20]["val_loss"] is not None
-    assert (tmp_path / "run" / "checkpoints" / "step-20").is_dir()
+    # yatrain eval and generate run a compiled run's checkpoint eagerly: eval agrees
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-20"
+    evaluated = evaluate_checkpoint(checkpoint)
+    assert evaluated["val_loss"] == pytest.approx(records[20]["val_loss"], rel=1e-6, abs=0)
+    assert 1 <= len(generate_text(checkpoint, "def ", max_new_tokens=4)["new_ids"]) <= 4
 
 
 def test_compiled_resume_is_bitwise_exact(small_data, tmp_path):
