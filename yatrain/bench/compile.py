@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def pretrain(args, run_dir: Path, compiled: bool, steps: int) -> tuple[float, fl
             "eval.at_end=false", "checkpoint.every=0", "logging.wandb.mode=disabled"]  # fmt: skip
     command = [sys.executable, "-m", "yatrain", "pretrain", args.recipe, "--run-dir", str(run_dir),
                "--steps", str(steps), "--no-progress", *[f"--set={s}" for s in sets]]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True)
+    env = os.environ | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"bench compile: yatrain pretrain failed:\n{done.stderr[-2000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -52,8 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=26)
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--repeats", type=int, default=2)
+    threads = "torch threads per run (default: torch's; 1 on a machine others share)"
+    p.add_argument("--threads", type=int, default=None, help=threads)
     args = p.parse_args(argv)
     what = f"{args.recipe} {' '.join(args.set)} | {args.dtype} | {args.steps} steps"
+    what += f" | threads {args.threads or 'default'}"
     print(f"bench compile: {what} x {args.repeats} repeats | load {load_average()}", flush=True)
     times: dict[bool, list[float]] = {False: [], True: []}
     cold: list[float] = []
