@@ -1,6 +1,7 @@
 """Build each rank's fp32 master shards from a meta-device model, one unit at a time.
 
-Every rank materialises one unit, lets the caller initialise it (deterministically per unit,
+Every rank materialises one unit (a unit borrowing another's parameters has nothing of
+its own to materialise), lets the caller initialise it (deterministically per unit,
 so the values do not depend on the world size), keeps only its own slice, and frees the unit
 before the next: the full model never exists anywhere. Norms (and other 1-D tensors) form
 the small group, which is small enough to assemble in full before slicing.
@@ -32,13 +33,17 @@ def materialize_shards(
 
     Afterwards the modules hold no parameters: the engine binds views before every use."""
     offsets, total = [], 0
-    for layout in layouts:
-        offsets.append(total)
-        total += layout.shard_numel
+    for layout in layouts:  # a borrowed unit's shard is its home's
+        offsets.append(total if layout.owns else offsets[layout.borrows])
+        total += layout.shard_numel if layout.owns else 0
     master = torch.zeros(total, dtype=torch.float32, device=device)
     small_full = torch.zeros(small.padded_numel, device=device)
     norm_slots, other_small = small.slots[:n_norm_slots], small.slots[n_norm_slots:]
     for index, unit in enumerate(units):
+        if not layouts[index].owns:  # its modules' attributes are bound before each use
+            for slot in layouts[index].slots:
+                delattr(slot.module, slot.attr)
+            continue
         unit.to_empty(device=device)
         init_unit(index)
         layout = layouts[index]

@@ -30,6 +30,7 @@ from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError
 from yatrain.models import hf
 from yatrain.models.llama import Llama
+from yatrain.schema import to_dict
 from yatrain.sharding import InitHooks
 from yatrain.train.checkpoint import iter_full_weights, read_weights
 from yatrain.train.manifest import MANIFEST, SavedCheckpoint, open_checkpoint
@@ -201,24 +202,26 @@ def _hf_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
     if (why := hf.unsupported(config)) is not None:
         raise ConfigError(f"{where} uses {why}: refused rather than loaded wrongly")
     keys = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta",
-            "norm_eps")  # fmt: skip
+            "norm_eps", "rope_scaling", "tie_embeddings")  # fmt: skip
     differs = [k for k in keys if getattr(theirs, k) != getattr(cfg, k)]
     if differs:
-        detail = ", ".join(f"model.{k} {getattr(cfg, k)} vs {getattr(theirs, k)}" for k in differs)
+        detail = ", ".join(f"model.{k} {_show(cfg, k)} vs {_show(theirs, k)}" for k in differs)
         raise ConfigError(f"{where} has another architecture ({detail})")
     weight_map = _weight_map(source)
-    tied = hf.tied_embeddings(config)
 
     def read(name: str) -> torch.Tensor:
         key = hf.hf_name(name)
-        if key not in weight_map and tied and name == "output.weight":
-            key = hf.hf_name("tok_embeddings.weight")  # the head starts as the embedding
         if key not in weight_map:
             raise ConfigError(f"{where} has no tensor {key}")
         with safe_open(str(source / weight_map[key]), "pt") as f:
             return hf.from_hf(name, f.get_tensor(key), cfg)
 
     return read
+
+
+def _show(cfg: ModelConfig, key: str) -> str:
+    value = getattr(cfg, key)
+    return json.dumps(to_dict(value)) if key == "rope_scaling" else str(value)
 
 
 def _weight_map(source: Path) -> dict[str, str]:
