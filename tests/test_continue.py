@@ -18,7 +18,7 @@ from safetensors import safe_open
 from test_hf_import import our_logits, save_hf_model, transformers_module
 
 from yatrain.config import load_recipe
-from yatrain.models.llama import build_model
+from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
 from yatrain.train.checkpoint import save_checkpoint
 from yatrain.train.loop import pretrain
@@ -27,10 +27,27 @@ from yatrain.train.weights import export_hf, init_from_source, iter_checkpoint_w
 
 # Llama 3.1's scaling with a 16-token "pretraining context", so a 64-token model reaches
 # four times past it (Llama 3.1: factor 8 over 8192 tokens; Llama 3.2: factor 32).
-SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 16}
+SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 SCALED = f"model.rope_scaling={json.dumps(SCALING)}"
 KINDS = {"llama3_1": [SCALED], "llama3_2": [SCALED, "model.tie_embeddings=true"]}
+
+
+@pytest.mark.parametrize(
+    "name,billions",
+    [("llama3_1_8b", 8.03), ("llama3_1_70b", 70.55), ("llama3_2_1b", 1.24), ("llama3_2_3b", 3.21)],
+)
+def test_recipes_have_the_published_shapes(name, billions):
+    """Parameter counts as Meta publishes them (a tied embedding counted once)."""
+    r = load_recipe(ROOT / f"recipes/{name}.yaml")
+    assert round(count_parameters(r.model) / 1e9, 2) == billions
+    assert r.model.rope_scaling.factor == (8.0 if "3_1" in name else 32.0)
+    assert r.model.tie_embeddings is name.startswith("llama3_2")
+    assert (r.optim.schedule, r.sharding.activation_checkpoint_layers) == ("wsd", "auto")
 
 
 def recipe(kind: str, *more: str):
@@ -107,8 +124,9 @@ def _load_quietly(transformers, folder: Path):
 def test_trained_export_loads_in_transformers_and_agrees(kind, small_data, tmp_path):
     transformers = transformers_module()
     save_published(kind, tmp_path / "hf")
-    cfg = recipe(kind, f"data.path={small_data}", f"train.init_from={tmp_path / 'hf'}",
-                 "train.dtype=fp32")
+    cfg = recipe(
+        kind, f"data.path={small_data}", f"train.init_from={tmp_path / 'hf'}", "train.dtype=fp32"
+    )
     pretrain(cfg, run_dir=tmp_path / "run", steps=3, progress=False)
     out = export_hf(tmp_path / "run/checkpoints/step-3", tmp_path / "out")
     before, after = _tensors(tmp_path / "hf"), _tensors(out)
@@ -138,8 +156,9 @@ def test_round_trip_without_training_is_bit_exact(kind, tmp_path):
     optimizer = build_optimizer(engine.param_groups(0.1), cfg.optim)
     ensure_state(optimizer)
     meta = {"model": dataclasses.asdict(cfg.model), "dtype": "fp32"}
-    saved = save_checkpoint(tmp_path / "ckpt", 0, engine, optimizer, None, meta,
-                            is_main=True, keep=1)
+    saved = save_checkpoint(
+        tmp_path / "ckpt", 0, engine, optimizer, None, meta, is_main=True, keep=1
+    )
     out = export_hf(saved, tmp_path / "out", "fp32")
     before, after = _tensors(tmp_path / "hf"), _tensors(out)
     assert before.keys() == after.keys()
@@ -151,5 +170,5 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     found = {}
     for file in folder.glob("*.safetensors"):
         with safe_open(str(file), "pt") as f:
-            found.update({key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (no __iter__))
+            found.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118
     return found
