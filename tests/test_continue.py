@@ -21,9 +21,10 @@ from yatrain.config import load_recipe
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
 from yatrain.train.checkpoint import save_checkpoint
+from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import build_optimizer, ensure_state
-from yatrain.train.weights import export_hf, init_from_source, iter_checkpoint_weights
+from yatrain.train.weights import export_hf, iter_checkpoint_weights
 
 # Llama 3.1's scaling with a 16-token "pretraining context", so a 64-token model reaches
 # four times past it (Llama 3.1: factor 8 over 8192 tokens; Llama 3.2: factor 32).
@@ -54,14 +55,20 @@ def recipe(kind: str, *more: str):
     return load_recipe(ROOT / "recipes/tiny.yaml", [*FAST, *KINDS[kind], *more])
 
 
-def save_published(kind: str, folder: Path, spelling: str = "rope_parameters"):
-    """A transformers model of the recipe's shape in several safetensors files, its
-    config.json spelling the scaling as transformers 5 does or as Meta's files do."""
+def save_published(
+    kind: str, folder: Path, spelling: str = "rope_parameters", dtype: torch.dtype | None = None
+):
+    """A transformers model of the recipe's shape in several safetensors files (``dtype``
+    on disk, bf16 as published; default fp32), its config.json spelling the scaling as
+    transformers 5 does or as Meta's files do."""
     cfg = recipe(kind, "data.path=unused")
     tied = kind == "llama3_2"
     model = save_hf_model(
         cfg, folder, rope_scaling={"rope_type": "llama3", **SCALING}, tie_word_embeddings=tied
     )
+    if dtype is not None:
+        model = model.to(dtype)
+    (folder / "model.safetensors").unlink()  # the first save's single file
     model.save_pretrained(folder, safe_serialization=True, max_shard_size="100KB")
     if spelling == "rope_scaling":  # Meta's published config.json
         path = folder / "config.json"

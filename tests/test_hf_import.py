@@ -17,7 +17,7 @@ from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.train.weights import init_from_source
+from yatrain.train.init_from import init_from_source
 
 
 def transformers_module():

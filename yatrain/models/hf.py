@@ -79,6 +79,22 @@ def rope_parameters(cfg: ModelConfig) -> dict:
     return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **to_dict(scaling)}
 
 
+def source_rows(name: str, rows: range, total_rows: int, cfg: ModelConfig) -> list[int]:
+    """The rows of the tensor stored under ``hf_name(name)`` that hold our rows ``rows``
+    (``from_hf`` of a whole tensor, one row at a time): our row 2i + k of a head is
+    Hugging Face's row k * head_dim / 2 + i of it."""
+    heads = _heads_for(name, cfg)
+    if heads is None:
+        return list(rows)
+    per_head = total_rows // heads
+    half = per_head // 2
+    found = []
+    for row in rows:
+        head, j = divmod(row, per_head)
+        found.append(head * per_head + (j % 2) * half + j // 2)
+    return found
+
+
 def hf_config(cfg: ModelConfig, dtype: str, bos_id: int, eos_id: int) -> dict:
     scaling = rope_parameters(cfg) if cfg.rope_scaling is not None else None
     return {

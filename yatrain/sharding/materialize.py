@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from yatrain.sharding.layout import FlatLayout
+from yatrain.sharding.contract import Kept
+from yatrain.sharding.layout import FlatLayout, ParamSlot
 
 
 def materialize_shards(
@@ -24,7 +25,7 @@ def materialize_shards(
     units: Sequence[nn.Module],
     norms: Sequence[nn.Module],
     *,
-    init_unit: Callable[[int], None],
+    init_unit: Callable[[int, Kept], None],
     init_norms: Callable[[], None],
     device: torch.device,
     rank: int,
@@ -45,9 +46,9 @@ def materialize_shards(
                 delattr(slot.module, slot.attr)
             continue
         unit.to_empty(device=device)
-        init_unit(index)
         layout = layouts[index]
         start, end = layout.shard_range(rank)
+        init_unit(index, _kept(layout.slots, start, end) | _kept(other_small, 0, small.numel))
         _copy_slots(layout.slots, master.narrow(0, offsets[index], layout.shard_numel), start, end)
         _copy_slots(other_small, small_full, 0, small.padded_numel)
         for slot in [*layout.slots, *other_small]:  # free this unit before the next
@@ -62,6 +63,16 @@ def materialize_shards(
         delattr(slot.module, slot.attr)
     start, end = small.shard_range(rank)
     return master, small_full[start:end].clone(), offsets
+
+
+def _kept(slots: list[ParamSlot], start: int, end: int) -> dict[str, tuple[int, int]]:
+    """For each slot overlapping [start, end) of its layout: the elements inside it."""
+    kept = {}
+    for slot in slots:
+        lo, hi = max(start, slot.offset), min(end, slot.offset + slot.numel)
+        if lo < hi:
+            kept[slot.name] = (lo - slot.offset, hi - slot.offset)
+    return kept
 
 
 def _copy_slots(slots, dest: torch.Tensor, start: int, end: int) -> None:
