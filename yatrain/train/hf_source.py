@@ -3,8 +3,10 @@ against the recipe, its safetensors read a row range at a time.
 
 safetensors maps each file and reads the slice asked for, so a rank that keeps rows
 [r0, r1) of a tensor reads those rows only (the rotary permutation of ``wq``/``wk`` maps
-them to other rows of the same heads, which are read instead). Nothing is kept between
-reads: each file is opened for one tensor and closed again.
+them to other rows of the same heads, which are read instead), and copies them straight
+into the materialised parameter (cast there). Nothing is kept between reads: a file is
+opened for one chunk of rows (``CHUNK_NUMEL``) and closed again, so the mapped pages and
+the copies in flight stay a few MiB however large the tensor.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from yatrain.models import hf
 from yatrain.schema import to_dict
 
 Rows = tuple[int, int] | None  # [r0, r1) of a tensor's first dimension; None: all of it
+CHUNK_NUMEL = 2**22  # elements read per opening of a file: 8 MiB of bf16
 
 # The keys of the recipe's model section a directory must agree with.
 _COMPARED = (
@@ -52,25 +55,32 @@ class HFSource:
         self.bytes_read = 0
         self.total_bytes = sum((source / f).stat().st_size for f in set(self.weight_map.values()))
 
-    def read(self, name: str, rows: Rows, shape: torch.Size) -> torch.Tensor:
-        """Rows [r0, r1) (all with None) of our parameter ``name`` of full ``shape``."""
+    def fill(self, name: str, rows: Rows, param: torch.Tensor) -> None:
+        """Copy rows [r0, r1) (all with None) of our parameter ``name`` into ``param``,
+        a chunk of rows at a time, each through its own opening of the file (so no more
+        than a chunk of it is mapped at once)."""
         key = hf.hf_name(name)
         if key not in self.weight_map:
             raise ConfigError(f"{self.where} has no tensor {key}")
-        with safe_open(str(self.source / self.weight_map[key]), "pt") as f:
-            part = f.get_slice(key)
-            if tuple(part.get_shape()) != tuple(shape):
-                raise ConfigError(
-                    f"{self.where}: {key} has shape {tuple(part.get_shape())}, the model "
-                    f"needs {tuple(shape)}"
-                )
-            if rows is None:
-                return self._count(hf.from_hf(name, part[:], self.cfg))
-            wanted = hf.source_rows(name, range(*rows), shape[0], self.cfg)
-            return self._gather_rows(part, wanted)
+        path = str(self.source / self.weight_map[key])
+        with safe_open(path, "pt") as f:
+            shape = tuple(f.get_slice(key).get_shape())
+        if shape != tuple(param.shape):
+            raise ConfigError(
+                f"{self.where}: {key} has shape {shape}, the model needs {tuple(param.shape)}"
+            )
+        first, end = rows if rows is not None else (0, shape[0])
+        step = max(1, CHUNK_NUMEL // max(param[0].numel(), 1)) if param.ndim > 1 else end
+        for start in range(first, end, step):
+            stop = min(start + step, end)
+            wanted = hf.source_rows(name, range(start, stop), shape[0], self.cfg)
+            with safe_open(path, "pt") as f:
+                param[start:stop].copy_(self._rows(f.get_slice(key), wanted))
 
-    def _gather_rows(self, part, wanted: list[int]) -> torch.Tensor:
+    def _rows(self, part, wanted: list[int]) -> torch.Tensor:
         """Rows ``wanted`` (in that order) of a tensor, read as few contiguous runs."""
+        if wanted == list(range(wanted[0], wanted[-1] + 1)):
+            return self._count(part[wanted[0] : wanted[-1] + 1])
         needed = sorted(set(wanted))
         runs, start = [], needed[0]
         for previous, row in zip(needed, [*needed[1:], None], strict=True):

@@ -23,7 +23,7 @@ from yatrain.train.checkpoint import read_weights
 from yatrain.train.hf_source import HFSource, Rows
 from yatrain.train.manifest import MANIFEST, open_checkpoint
 
-Reader = Callable[[str, Rows, torch.Size], torch.Tensor]
+Reader = Callable[[str, Rows, torch.Tensor], None]  # fill rows of the parameter named
 
 
 def _unit_names(model: Llama) -> tuple[list[list[str]], list[str]]:
@@ -60,7 +60,7 @@ def init_from_source(
     report = None
     if (source / "config.json").is_file():
         hf_source = HFSource(source, cfg)
-        read: Reader = hf_source.read
+        read: Reader = hf_source.fill
         report = hf_source.report
     elif (source / MANIFEST).is_file():
         read = _checkpoint_reader(source, cfg, verify)
@@ -77,9 +77,7 @@ def init_from_source(
                 continue  # this rank keeps none of it
             param = model.get_parameter(name)
             rows = None if kept is None or param.ndim < 2 else _rows(kept[name], param)
-            value = read(name, rows, param.shape)
-            target = param if rows is None else param[rows[0] : rows[1]]
-            target.copy_(value.to(param.dtype))
+            read(name, rows, param)
 
     return InitHooks(
         lambda index, kept: fill(unit_names[index], kept), lambda: fill(norm_names, None), report
@@ -92,12 +90,18 @@ def _checkpoint_reader(source: Path, cfg: ModelConfig, verify: bool) -> Reader:
     entry_of = {name: entry for entry in saved.layout for name, _, _ in entry.params}
     cache: dict[str, dict[str, torch.Tensor]] = {}
 
-    def read(name: str, rows: Rows, shape: torch.Size) -> torch.Tensor:
+    def read(name: str, rows: Rows, param: torch.Tensor) -> None:
         entry = entry_of[name]
         if entry.key not in cache:  # one unit in memory at a time
             cache.clear()
             cache[entry.key] = read_weights(saved, entry)
         full = cache[entry.key][name]
-        return full if rows is None else full[rows[0] : rows[1]]
+        if full.shape != param.shape:
+            raise ConfigError(
+                f"train.init_from {source}: {name} has shape {tuple(full.shape)}, the model "
+                f"needs {tuple(param.shape)}"
+            )
+        first, end = rows if rows is not None else (0, len(full))
+        param[first:end].copy_(full[first:end])
 
     return read
