@@ -20,11 +20,12 @@ from test_hf_import import our_logits, save_hf_model, transformers_module
 from yatrain.config import load_recipe
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
+from yatrain.train import weights as export_module
 from yatrain.train.checkpoint import save_checkpoint
 from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import build_optimizer, ensure_state
-from yatrain.train.weights import export_hf, iter_checkpoint_weights
+from yatrain.train.weights import default_export_dtype, export_hf, iter_checkpoint_weights
 
 # Llama 3.1's scaling with a 16-token "pretraining context", so a 64-token model reaches
 # four times past it (Llama 3.1: factor 8 over 8192 tokens; Llama 3.2: factor 32).
@@ -49,6 +50,12 @@ def test_recipes_have_the_published_shapes(name, billions):
     assert r.model.rope_scaling.factor == (8.0 if "3_1" in name else 32.0)
     assert r.model.tie_embeddings is name.startswith("llama3_2")
     assert (r.optim.schedule, r.sharding.activation_checkpoint_layers) == ("wsd", "auto")
+
+
+def test_export_defaults_to_bf16_above_a_billion_parameters():
+    big = load_recipe(ROOT / "recipes/llama3_2_1b.yaml").model
+    assert default_export_dtype(big, "fp32") == "bf16"
+    assert default_export_dtype(recipe("llama3_2", "data.path=x").model, "fp32") == "fp32"
 
 
 def recipe(kind: str, *more: str):
@@ -128,8 +135,9 @@ def _load_quietly(transformers, folder: Path):
 
 
 @pytest.mark.parametrize("kind", ["llama3_1", "llama3_2"])
-def test_trained_export_loads_in_transformers_and_agrees(kind, small_data, tmp_path):
+def test_trained_export_loads_in_transformers_and_agrees(kind, small_data, tmp_path, monkeypatch):
     transformers = transformers_module()
+    monkeypatch.setattr(export_module, "SHARD_BYTES", 150_000)  # several files, as for 8B
     save_published(kind, tmp_path / "hf")
     cfg = recipe(
         kind, f"data.path={small_data}", f"train.init_from={tmp_path / 'hf'}", "train.dtype=fp32"
@@ -143,6 +151,10 @@ def test_trained_export_loads_in_transformers_and_agrees(kind, small_data, tmp_p
     assert config["tie_word_embeddings"] is (kind == "llama3_2")
     assert config["rope_scaling"] == {"rope_type": "llama3", "rope_theta": 500000.0, **SCALING}
     assert ("lm_head.weight" in after) is (kind == "llama3_1")
+    files = list(out.glob("*.safetensors"))
+    assert len(files) > 2 and all(f.stat().st_size <= 150_000 + 10_000 for f in files)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(after)
     theirs, warned = _load_quietly(transformers, out)
     assert warned == []
     weights = dict(iter_checkpoint_weights(tmp_path / "run/checkpoints/step-3"))

@@ -23,13 +23,16 @@ import torch
 from safetensors.torch import save_file
 
 from yatrain.common import DTYPES, GIB
+from yatrain.config import ModelConfig
 from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError
 from yatrain.models import hf
+from yatrain.models.llama import count_parameters
 from yatrain.train.checkpoint import iter_full_weights
 from yatrain.train.manifest import SavedCheckpoint, open_checkpoint
 
-SHARD_BYTES = 4 * GIB
+SHARD_BYTES = 4 * GIB  # per safetensors file (Hugging Face's hub limit is 5 GB)
+BF16_ABOVE = 1e9  # parameters: larger models export in bf16 unless --dtype says otherwise
 
 
 def iter_checkpoint_weights(path: Path, verify: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -50,7 +53,7 @@ def export_hf(
         raise ConfigError(f"{output} already exists and is not empty: choose another --output")
     saved = open_checkpoint(checkpoint, verify=verify)
     cfg = saved.model
-    dtype = dtype or saved.manifest.get("dtype", "fp32")
+    dtype = dtype or default_export_dtype(cfg, saved.manifest.get("dtype", "fp32"))
     _remove_stale_exports(output)
     tmp = output.parent / f".tmp-{output.name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -75,6 +78,12 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
+
+
+def default_export_dtype(cfg: ModelConfig, trained: str) -> str:
+    """bf16 for models over 1B parameters (as Meta publishes them: half the bytes of fp32),
+    else the dtype the run trained in."""
+    return "bf16" if count_parameters(cfg) > BF16_ABOVE else trained
 
 
 def _remove_stale_exports(output: Path) -> None:
