@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import FAST, ROOT
 
 from yatrain.config import OptimConfig, load_recipe
 from yatrain.errors import ConfigError
+from yatrain.train.loop import pretrain
 from yatrain.train.schedule import lr_at
 
 BASE = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
@@ -76,3 +78,22 @@ def test_schedule_keys_are_checked():
         load_recipe(ROOT / "recipes/tiny.yaml", [*FAST, "data.path=x", "optim.schedule=step"])
     with pytest.raises(ConfigError, match="optim.decay_fraction"):
         load_recipe(ROOT / "recipes/tiny.yaml", [*FAST, "data.path=x", "optim.decay_fraction=0"])
+
+
+def test_resuming_a_wsd_run_with_more_steps_continues_at_lr(small_data, tmp_path):
+    """4 steps (decay at step 4), then resumed with train.steps=8: steps 5-6 at lr, the
+    decay over 7-8, as the docs say; each step logs the LR it used."""
+    overrides = [
+        *FAST,
+        *(f"data.path={small_data}", "optim.schedule=wsd", "optim.warmup_steps=0"),
+        *("optim.decay_fraction=0.25", "checkpoint.every=2"),
+    ]
+    cfg = load_recipe(ROOT / "recipes/tiny.yaml", overrides)
+    pretrain(cfg, run_dir=tmp_path / "run", steps=4, progress=False)
+    pretrain(cfg, run_dir=tmp_path / "run", steps=8, resume="auto", progress=False)
+    lines = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    lr = {r["step"]: r["lr"] for r in map(json.loads, lines) if "lr" in r}
+    peak, floor = cfg.optim.lr, cfg.optim.min_lr
+    assert [lr[s] for s in (1, 2, 3, 5, 6)] == [pytest.approx(peak)] * 5
+    assert lr[4] == pytest.approx(floor) and lr[8] == pytest.approx(floor)
+    assert floor < lr[7] < peak
