@@ -16,8 +16,11 @@ import torch
 from conftest import FAST, ROOT
 from safetensors import safe_open
 from test_hf_import import our_logits, save_hf_model, transformers_module
+from tokenizer_fixtures import write_hf
 
 from yatrain.config import load_recipe
+from yatrain.data import default_corpus_files, load_tokenizer, prepare_data
+from yatrain.errors import DataError
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
 from yatrain.train import weights as export_module
@@ -191,3 +194,27 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(file), "pt") as f:
             found.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118
     return found
+
+
+def test_the_model_directory_s_tokenizer_goes_through_data_training_and_export(tmp_path):
+    """prepare-data --tokenizer HF_DIR (tokenizer.json, BOS/EOS from tokenizer_config.json),
+    data.tokenizer checked against it, and the export carries it for transformers."""
+    transformers = transformers_module()
+    save_published("llama3_2", tmp_path / "hf")
+    write_hf(tmp_path / "hf", config={"bos_token": "<s>", "eos_token": "</s>"})
+    data = tmp_path / "data"
+    prepare_data(data, default_corpus_files(max_bytes=100_000), tmp_path / "hf", progress=False)
+    source = f"train.init_from={tmp_path / 'hf'}"
+    cfg = recipe("llama3_2", f"data.path={data}", source, f"data.tokenizer={tmp_path / 'hf'}")
+    pretrain(cfg, run_dir=tmp_path / "run", steps=1, progress=False)
+    out = export_hf(tmp_path / "run/checkpoints/step-1", tmp_path / "out")
+    ours = load_tokenizer(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    text = "def main():\n    return 0\n"
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
+    assert (theirs.bos_token_id, theirs.eos_token_id) == (ours.bos_id, ours.eos_id)
+    other = tmp_path / "other"
+    write_hf(other, vocab_size=300, config={"bos_token": "<s>", "eos_token": "</s>"})
+    mismatched = recipe("llama3_2", f"data.path={data}", f"data.tokenizer={other}")
+    with pytest.raises(DataError, match="is not the tokenizer the data"):
+        pretrain(mismatched, run_dir=tmp_path / "run2", steps=1, progress=False)
