@@ -23,11 +23,12 @@ from yatrain.train import checkpoint as ckpt
 from yatrain.train.checksum import HASH, HashingStream, hash_file
 from yatrain.train.eval_checkpoint import evaluate_checkpoint
 from yatrain.train.generation import generate_text
+from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
 from yatrain.train.manifest import MANIFEST, CheckpointError, CorruptCheckpoint, open_checkpoint
 from yatrain.train.optim import build_optimizer
 from yatrain.train.setup import Checks
-from yatrain.train.weights import export_hf, init_from_source
+from yatrain.train.weights import export_hf
 
 
 def recipe(data: Path, *extra: str):

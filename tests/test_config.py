@@ -63,7 +63,10 @@ def test_every_recipe_loads(path):
     r = load_recipe(path)
     assert isinstance(r, Recipe)
     assert r.optim.min_lr == pytest.approx(r.optim.lr / 10)
-    assert r.data.seq_len == r.model.max_seq_len or path.stem == "tiny"
+    # Trained at the full context, or (rotary scaling) at the original one
+    scaling = r.model.rope_scaling
+    original = scaling.original_max_position_embeddings if scaling else r.model.max_seq_len
+    assert r.data.seq_len == original or path.stem == "tiny"
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)

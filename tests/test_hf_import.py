@@ -3,6 +3,7 @@ cannot (rotary scaling, biases) is refused in one line, never loaded wrongly (is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.train.weights import init_from_source
+from yatrain.train.init_from import init_from_source
 
 
 def transformers_module():
@@ -58,8 +59,9 @@ def our_logits(cfg, source: Path, tokens: torch.Tensor) -> torch.Tensor:
         return ours.eval()(tokens)
 
 
-def test_tied_embeddings_are_honoured(cfg, tmp_path):
-    """Llama 3.2 1B/3B tie the output head to the embedding: the head starts as a copy."""
+def test_tied_embeddings_stay_tied(cfg, tmp_path):
+    """Llama 3.2 1B/3B tie the output head to the embedding: one weight, read once; a
+    recipe that unties it is refused rather than silently given a copy."""
     theirs = save_hf_model(cfg, tmp_path / "tied", tie_word_embeddings=True)
     with open(tmp_path / "tied/config.json") as f:
         assert json.load(f)["tie_word_embeddings"] is True
@@ -68,7 +70,10 @@ def test_tied_embeddings_are_honoured(cfg, tmp_path):
     )
     with torch.no_grad():
         want = theirs(tokens).logits
-    assert torch.allclose(our_logits(cfg, tmp_path / "tied", tokens), want, atol=1e-4, rtol=1e-4)
+    tied = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tie_embeddings=True))
+    assert torch.allclose(our_logits(tied, tmp_path / "tied", tokens), want, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="model.tie_embeddings False vs True"):
+        init_from_source(tmp_path / "tied", cfg.model, build_model(cfg.model))
 
 
 @pytest.mark.parametrize(
@@ -76,9 +81,12 @@ def test_tied_embeddings_are_honoured(cfg, tmp_path):
     [
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-         "rotary scaling (rope_type 'llama3')"),
+         'model.rope_scaling null vs {"factor": 8.0'),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+         "rope_type llama3 without low_freq_factor, high_freq_factor, original_max_position"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}},
-         "rotary scaling (rope_type 'yarn')"),
+         "rotary scaling rope_type 'yarn' (yatrain reads only llama3"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
         ({"attention_bias": True}, "bias terms"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"rope_theta": 10000.0, "rope_parameters": None}, "model.rope_theta 500000.0 vs 10000.0"),

@@ -20,8 +20,9 @@ from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
 from yatrain.train.eval_checkpoint import evaluate_checkpoint
 from yatrain.train.generation import generate_text
+from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
-from yatrain.train.weights import export_hf, init_from_source, iter_checkpoint_weights
+from yatrain.train.weights import export_hf, iter_checkpoint_weights
 
 
 @pytest.fixture(scope="module")

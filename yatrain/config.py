@@ -26,6 +26,18 @@ LOSS_CHUNK_TOKENS = 512  # train.loss_chunk_tokens: 0.37 GiB of bf16-run logits 
 
 
 @dataclass(kw_only=True)
+class RopeScaling:
+    """Llama 3.1's rotary scaling (rope_type llama3), keys spelled as in config.json:
+    wavelengths above original / low_freq_factor are divided by factor, those below
+    original / high_freq_factor are kept, the band between is interpolated."""
+
+    factor: float = _limit(gt=0)  # Llama 3.1: 8, Llama 3.2: 32
+    low_freq_factor: float = _limit(1.0, gt=0)
+    high_freq_factor: float = _limit(4.0, gt=0)  # > low_freq_factor
+    original_max_position_embeddings: int = _limit(8192, ge=1)  # the pretraining context
+
+
+@dataclass(kw_only=True)
 class ModelConfig:
     """Architecture of a Llama 2/3 decoder."""
 
@@ -40,6 +52,9 @@ class ModelConfig:
     rope_theta: float = _limit(10000.0, gt=0)
     norm_eps: float = _limit(1e-5, gt=0)
     max_seq_len: int = _limit(ge=1)
+    rope_scaling: RopeScaling | None = None  # null = plain RoPE (Llama 2/3); Llama 3.1/3.2 set it
+    # true: the output head is the embedding matrix (one weight; Llama 3.2 1B/3B)
+    tie_embeddings: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -109,11 +124,16 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay from lr to min_lr."""
+    """AdamW with linear warm-up then a decay from lr to min_lr (train/schedule.py)."""
 
     lr: float = _limit(gt=0)
     min_lr: float = _limit(0.0, ge=0)
     warmup_steps: int = _limit(0, ge=0)  # may exceed train.steps: the run just stays in warm-up
+    # After warm-up: cosine to min_lr; wsd: lr, then decay over the last decay_fraction of
+    # the steps; constant: lr throughout (continued pretraining at a fixed rate)
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
+    decay_fraction: float = _limit(0.2, gt=0, le=1)  # wsd: share of train.steps spent decaying
+    decay_shape: Literal["linear", "sqrt", "cosine"] = "linear"  # wsd: the decay's curve
     weight_decay: float = _limit(0.1, ge=0)
     beta1: float = _limit(0.9, ge=0, lt=1)
     beta2: float = _limit(0.95, ge=0, lt=1)

@@ -23,6 +23,8 @@ def check_shapes(r: Recipe) -> None:
     micro, gbs = data.micro_batch_size, data.global_batch_size
     n_ckpt = r.sharding.activation_checkpoint_layers
     too_deep = n_ckpt != "auto" and n_ckpt > m.n_layers  # "auto" never exceeds the depth
+    rs = m.rope_scaling
+    band = rs is not None and rs.high_freq_factor <= rs.low_freq_factor
     checks = [
         (m.dim % m.n_heads, f"'model.dim' ({m.dim}) is not divisible by 'model.n_heads' "
          f"({m.n_heads}); choose n_heads that divides dim"),
@@ -36,6 +38,8 @@ def check_shapes(r: Recipe) -> None:
          f"'data.micro_batch_size' ({micro}); use e.g. {-(-gbs // micro) * micro}"),
         (too_deep, f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
          f"'model.n_layers' ({m.n_layers}); use 0..{m.n_layers}"),
+        (band, "'model.rope_scaling.high_freq_factor' must exceed low_freq_factor (Llama 3.1: "
+         "4 and 1)"),
         (optim.min_lr > optim.lr, f"'optim.min_lr' ({optim.min_lr}) is greater than "
          f"'optim.lr' ({optim.lr}); the schedule decays from lr down to min_lr, lower it"),
     ]  # fmt: skip

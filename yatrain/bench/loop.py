@@ -132,7 +132,7 @@ def run_bare(recipe: Recipe) -> dict:
     times, waits, loss_value = [], [], float("nan")
     for step in range(1, total + 1):
         start = time.perf_counter()
-        lr = lr_at(step, lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps, total_steps=total)
+        lr = lr_at(step, o, total)
         set_lr(opt, lr)
         micro_batches = loader.next_batch()
         data_wait = time.perf_counter() - start

@@ -29,7 +29,9 @@ def export(
     output: Path = typer.Option(..., "--output", help="New directory to write."),
     format: str = typer.Option("hf", "--format", help="hf: a Hugging Face LlamaForCausalLM."),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="fp32 or bf16 (default: the training dtype)."
+        None,
+        "--dtype",
+        help="fp32 or bf16 (default: bf16 above 1B parameters, else the training dtype).",
     ),
     verify: bool = typer.Option(
         True, "--verify/--no-verify", help="Check the checkpoint's checksums first."

@@ -5,10 +5,11 @@ the two halves of each head. The same model therefore stores ``wq``/``wk`` with 
 rows permuted: ``to_hf`` applies that permutation, ``from_hf`` undoes it.
 
 Reading a ``config.json`` we cannot honour is refused, never approximated: rotary scaling
-(``rope_scaling``, Llama 3.1's long context) would change every attention score, biases
-and other activations are not in our model. Tied embeddings (Llama 3.2 1B/3B) are
-honoured: the output head starts as a copy of the embedding (``tied_embeddings``) and the
-two train separately from then on.
+other than Llama 3.1's ``llama3`` (yarn, linear, dynamic...) would change every attention
+score, biases and other activations are not in our model. Llama 3.1's scaling is read
+whether spelled ``rope_scaling`` (the published files) or ``rope_parameters``
+(transformers 5.x), and written as both. Tied embeddings (``tie_word_embeddings``, Llama
+3.2 1B/3B) map to ``model.tie_embeddings``: one tensor, ``model.embed_tokens.weight``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig
+from yatrain.config import ModelConfig, RopeScaling
 from yatrain.errors import ConfigError
-from yatrain.schema import build_dataclass
+from yatrain.schema import build_dataclass, to_dict
 
 _LAYER = {
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -70,7 +71,32 @@ def from_hf(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     return tensor
 
 
+def rope_parameters(cfg: ModelConfig) -> dict:
+    """``rope_parameters`` as transformers 5.x writes it (``rope_scaling`` for older)."""
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **to_dict(scaling)}
+
+
+def source_rows(name: str, rows: range, total_rows: int, cfg: ModelConfig) -> list[int]:
+    """The rows of the tensor stored under ``hf_name(name)`` that hold our rows ``rows``
+    (``from_hf`` of a whole tensor, one row at a time): our row 2i + k of a head is
+    Hugging Face's row k * head_dim / 2 + i of it."""
+    heads = _heads_for(name, cfg)
+    if heads is None:
+        return list(rows)
+    per_head = total_rows // heads
+    half = per_head // 2
+    found = []
+    for row in rows:
+        head, j = divmod(row, per_head)
+        found.append(head * per_head + (j % 2) * half + j // 2)
+    return found
+
+
 def hf_config(cfg: ModelConfig, dtype: str, bos_id: int, eos_id: int) -> dict:
+    scaling = rope_parameters(cfg) if cfg.rope_scaling is not None else None
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -84,11 +110,12 @@ def hf_config(cfg: ModelConfig, dtype: str, bos_id: int, eos_id: int) -> dict:
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": rope_parameters(cfg),
+        "rope_scaling": scaling,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "torch_dtype": str(DTYPES[dtype]).removeprefix("torch."),
@@ -100,13 +127,39 @@ def tied_embeddings(config: dict) -> bool:
     return config.get("tie_word_embeddings") is True
 
 
+def _rope(config: dict) -> tuple[str, dict]:
+    """(rope type, its parameters) from ``rope_scaling`` or ``rope_parameters``."""
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(scaling, dict):
+        return repr(scaling), {}
+    return str(scaling.get("rope_type") or scaling.get("type") or "default"), scaling
+
+
+_SCALING_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)
+
+
+def rope_scaling_from_hf(config: dict) -> RopeScaling | None:
+    """Llama 3.1's scaling from config.json, None for plain RoPE; ConfigError for a
+    missing or mistyped key."""
+    kind, scaling = _rope(config)
+    if kind != "llama3":
+        return None
+    missing = [key for key in _SCALING_KEYS if scaling.get(key) is None]
+    if missing:
+        raise ConfigError(f"config.json: rope_type llama3 without {', '.join(missing)}")
+    return build_dataclass(RopeScaling, {key: scaling[key] for key in _SCALING_KEYS})
+
+
 def unsupported(config: dict) -> str | None:
     """What in a Llama ``config.json`` this model cannot reproduce, or None."""
-    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")
-    scaling = config.get("rope_scaling")
-    if scaling or rope_type not in (None, "default"):
-        kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or rope_type
-        return f"rotary scaling (rope_type {kind!r}), which yatrain's rotary embedding lacks"
+    kind, _ = _rope(config)
+    if kind not in ("default", "llama3"):
+        return f"rotary scaling rope_type {kind!r} (yatrain reads only llama3, Llama 3.1's)"
     checks = [
         (config.get("model_type", "llama") != "llama",
          f"model_type {config.get('model_type')!r} (only llama is read)"),
@@ -141,6 +194,8 @@ def model_config_from_hf(config: dict) -> ModelConfig:
         "rope_theta": 1e4 if theta is None else theta,
         "norm_eps": config.get("rms_norm_eps", 1e-5),
         "max_seq_len": config.get("max_position_embeddings", 4096),
+        "rope_scaling": to_dict(rope_scaling_from_hf(config)),
+        "tie_embeddings": tied_embeddings(config),
     }
     cfg = build_dataclass(ModelConfig, {k: v for k, v in fields.items() if v is not None})
     head_dim = config.get("head_dim")

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from yatrain.config import LOSS_CHUNK_TOKENS, ModelConfig
 from yatrain.models.loss import linear_cross_entropy
+from yatrain.models.rope import apply_rope, rope_cos_sin
 
 INIT_STD = 0.02
 SEED_STRIDE = 1_000_003  # unit i of a run with seed s draws from generator seed s*STRIDE + i
@@ -36,30 +37,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
-
-
-def rope_cos_sin(
-    head_dim: int, seq_len: int, theta: float, device: torch.device | str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, [seq_len, head_dim // 2], float32 like Meta's code."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    t = torch.arange(seq_len, device=device, dtype=torch.float32)
-    angles = torch.outer(t, inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, D] as complex numbers by the angles
-    (cos/sin [T, D/2], or [B, T, D/2] when each sequence has its own positions).
-
-    Real arithmetic equivalent of Meta's view_as_complex(x) * polar(1, angles); done in float32.
-    """
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    # [T, 1, D/2] (or per sequence [B, T, 1, D/2]) broadcasts over batch and heads
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).type_as(x)
 
 
 def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
@@ -169,7 +146,12 @@ class OutputHead(nn.Module):
 
 
 class Llama(nn.Module):
-    """Token embedding, n_layers decoder layers, final RMSNorm, untied output head."""
+    """Token embedding, n_layers decoder layers, final RMSNorm, output head.
+
+    With ``tie_embeddings`` the head's weight *is* the embedding's Parameter (Llama 3.2
+    1B/3B): one tensor, listed by both units. The engine sees the shared Parameter and
+    gives the head no shard of its own (``sharding.layout``: a borrowed unit).
+    """
 
     def __init__(
         self,
@@ -187,12 +169,33 @@ class Llama(nn.Module):
         # (seq_len, device) -> (cos, sin). A plain dict, not buffers: buffers would be moved,
         # sharded or saved by whoever manages the parameters, and they are cheap to recompute.
         self.rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tie_weights_()
+        self._register_load_state_dict_pre_hook(self._tied_state)
+
+    def tie_weights_(self) -> None:
+        """Make the head's weight the embedding's Parameter (a no-op when untied)."""
+        if self.cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> Llama:
+        """As ``nn.Module.to_empty``, which gives each module new Parameters: re-tie."""
+        super().to_empty(device=device, recurse=recurse)
+        self.tie_weights_()
+        return self
+
+    def _tied_state(self, state: dict, prefix: str, *args) -> None:
+        """A tied model's saved weights hold the embedding once: it is the head's too."""
+        embedding, head = f"{prefix}tok_embeddings.weight", f"{prefix}output.weight"
+        if self.cfg.tie_embeddings and head not in state and embedding in state:
+            state[head] = state[embedding]
 
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, str(device))
         if key not in self.rope_cache:
             cfg = self.cfg
-            self.rope_cache[key] = rope_cos_sin(cfg.head_dim, seq_len, cfg.rope_theta, device)
+            self.rope_cache[key] = rope_cos_sin(
+                cfg.head_dim, seq_len, cfg.rope_theta, device, cfg.rope_scaling
+            )
         return self.rope_cache[key]
 
     def forward(
@@ -252,9 +255,13 @@ class Llama(nn.Module):
         Each unit draws from its own generator seeded with ``seed * 1_000_003 + index`` on the
         device of its parameters, in named_parameters order, so the weights depend only on
         (seed, index, device) -- not on world size or on whether other units exist yet. Init in
-        fp32: the same seed gives different values in another dtype.
+        fp32: the same seed gives different values in another dtype. A tied head is the
+        embedding (std 0.02, ``initializer_range`` of Llama 3.2's config.json): it draws
+        nothing of its own.
         """
         unit = self.units()[index]
+        if self.cfg.tie_embeddings and unit is self.output:
+            return  # the embedding's weight, initialised with unit 0
         params = [(n, p) for n, p in unit.named_parameters() if not _is_norm(unit, n)]
         gen = torch.Generator(device=params[0][1].device)
         gen.manual_seed(seed * SEED_STRIDE + index)
@@ -314,13 +321,17 @@ def layer_matmul_weights(cfg: ModelConfig) -> int:
 
 
 def count_parameters(cfg: ModelConfig, include_embedding: bool = True) -> int:
-    """Parameter count from the config alone; include_embedding=False drops only the input
-    embedding table (a lookup, no FLOPs) and keeps the output head (a real matmul)."""
+    """Parameter count from the config alone (a tied embedding counted once);
+    include_embedding=False counts the weights a token is multiplied by instead: without
+    the input embedding table (a lookup, no FLOPs), with the output head (a real matmul,
+    even when it is the embedding's weight)."""
     d = cfg.dim
     layer = layer_matmul_weights(cfg) + 2 * d  # + attention_norm, ffn_norm
-    embedding = cfg.vocab_size * d
-    total = embedding + cfg.n_layers * layer + d + cfg.vocab_size * d  # + norm + output
-    return total if include_embedding else total - embedding
+    table = cfg.vocab_size * d
+    matmul = cfg.n_layers * layer + d + table  # layers + final norm + output head
+    if not include_embedding:
+        return matmul
+    return matmul if cfg.tie_embeddings else matmul + table
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -27,7 +27,9 @@ class GradientShards:
     def of(cls, m: ModelConfig, world: int) -> GradientShards:
         layouts, _ = unit_layouts(m, world)
         shards = [4 * layout.shard_numel for layout in layouts]
-        return cls(sum(shards), shards[-1], max(shards[1:-1], default=0))
+        owned = sum(size for size, layout in zip(shards, layouts, strict=True) if layout.owns)
+        # a tied head's shard is its embedding's, allocated at the head's reduction
+        return cls(owned, shards[-1], max(shards[1:-1], default=0))
 
 
 @dataclass(frozen=True)

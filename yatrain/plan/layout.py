@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import Llama, build_model
+from yatrain.schema import build_dataclass, to_dict
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
@@ -30,13 +32,13 @@ def planned_group(recipe: Recipe, world_size: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _meta_model(model_items: tuple) -> Llama:
+def _meta_model(model_items: str) -> Llama:
     """The model on the meta device (shapes only), built once per model config."""
-    return build_model(ModelConfig(**dict(model_items)))
+    return build_model(build_dataclass(ModelConfig, json.loads(model_items)))
 
 
 @functools.lru_cache(maxsize=256)
-def _layouts(model_items: tuple, world: int) -> tuple[list[FlatLayout], FlatLayout]:
+def _layouts(model_items: str, world: int) -> tuple[list[FlatLayout], FlatLayout]:
     model = _meta_model(model_items)
     layouts, small, _ = plan_layouts(model, model.units(), model.norm_modules(), world)
     return layouts, small
@@ -48,7 +50,7 @@ def unit_layouts(m: ModelConfig, world: int) -> tuple[list[FlatLayout], FlatLayo
 
 
 @functools.lru_cache(maxsize=64)
-def _units(model_items: tuple) -> tuple[list[int], list[bool], int]:
+def _units(model_items: str) -> tuple[list[int], list[bool], int]:
     """Each unit's flat length and whether its backward reads its weights, and the norm
     group's length, as the engine lays them out."""
     layouts, small = _layouts(model_items, 1)
@@ -56,8 +58,8 @@ def _units(model_items: tuple) -> tuple[list[int], list[bool], int]:
     return [layout.numel for layout in layouts], reads, small.numel
 
 
-def _items(m: ModelConfig) -> tuple:
-    return tuple(dataclasses.asdict(m).items())  # a hashable key (the config is mutable)
+def _items(m: ModelConfig) -> str:
+    return json.dumps(to_dict(m), sort_keys=True)  # a hashable key (the config is mutable)
 
 
 def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:

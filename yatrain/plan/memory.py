@@ -70,7 +70,8 @@ def engine_layout(
         prefetch_depth=prefetch_depth,
         direct=world == 1 if direct is None else direct,
     )
-    return sum(layout.shard_numel for layout in layouts), small.shard_numel, buffers
+    owned = sum(layout.shard_numel for layout in layouts if layout.owns)  # tied: once
+    return owned, small.shard_numel, buffers
 
 
 def engine_state_bytes(

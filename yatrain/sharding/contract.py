@@ -14,7 +14,7 @@ declaration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,16 +54,24 @@ def backward_reads_weights(unit: nn.Module) -> bool:
     return not isinstance(unit, nn.Embedding)
 
 
+Kept = Mapping[str, tuple[int, int]]  # parameter name -> [lo, hi) of its flat elements
+
+
 @dataclass(frozen=True)
 class InitHooks:
-    """How the engine fills freshly materialised parameters: ``unit(i)`` fills unit ``i``
-    (norms excluded), ``norms()`` the norm weights. Called with one unit materialised at a
-    time, so a loader (``train.init_from``) can stream weights unit by unit."""
+    """How the engine fills freshly materialised parameters: ``unit(i, kept)`` fills unit
+    ``i`` (norms excluded), ``norms()`` the norm weights. Called with one unit materialised
+    at a time, so a loader (``train.init_from``) can stream weights unit by unit. ``kept``
+    names the elements of each parameter this rank keeps (parameters it keeps nothing of
+    are absent): a loader may read only those; a random init fills everything (its values
+    must not depend on the world size). ``report``: one line on what the fill did (a
+    loader: the bytes this rank read), asked once the engine is built."""
 
-    unit: Callable[[int], None]
+    unit: Callable[[int, Kept], None]
     norms: Callable[[], None]
+    report: Callable[[], str] | None = None
 
     @classmethod
     def from_seed(cls, model: ShardableModel, seed: int) -> InitHooks:
         """The model's own random initialisation from ``seed``."""
-        return cls(lambda index: model.init_unit_(index, seed), model.init_norms_)
+        return cls(lambda index, kept: model.init_unit_(index, seed), model.init_norms_)

@@ -82,12 +82,15 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         self.layouts, self.small, self.n_norm_slots = plan_layouts(
             model, units, norms, self.shard_size
         )
+        # A tied unit (layout.borrows) uses its home unit's shard, gradient and state.
+        self.home = [i if lay.owns else lay.borrows for i, lay in enumerate(self.layouts)]
+        self.owned = [i for i, home in enumerate(self.home) if home == i]
         self.plan = self.buffer_plan()
         self._materialize(units, norms, init)
         self._allocate_buffers()
         self._reset_step_state()
         self._grad_scale: float | None = None  # averaging left for clip_grad_norm_
-        self._norms = torch.empty(self.n_units + 1, device=self.device)  # per-shard norms
+        self._norms = torch.empty(len(self.owned) + 1, device=self.device)  # per-shard norms
         for index, unit in enumerate(units):
             unit.register_forward_pre_hook(functools.partial(self._pre_forward, index))
             unit.register_forward_hook(functools.partial(self._post_forward, index))
@@ -137,6 +140,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         # weight decay) and the small group's (without). Each unit's fp32 gradient shard is
         # its own tensor, so it exists only once the unit has been reduced in a step.
         self.unit_params = [nn.Parameter(view) for view in self.unit_master]
+        self.unit_params = [self.unit_params[home] for home in self.home]  # tied: one
         self.small_param = nn.Parameter(self.small_master)
         self.small_param.grad = torch.zeros_like(self.small_master)
         # One process in bf16: the model computes from a bf16 copy of the whole shard.
@@ -234,9 +238,14 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         """Each unit's shard (decayed) and the small group's (norms, biases): one fused AdamW
         call over a handful of tensors."""
         return [
-            {"params": list(self.unit_params), "weight_decay": weight_decay},
+            {"params": self.owned_params, "weight_decay": weight_decay},
             {"params": [self.small_param], "weight_decay": 0.0},
         ]
+
+    @property
+    def owned_params(self) -> list[nn.Parameter]:
+        """Each unit's shard once (a tied unit's is its home's)."""
+        return [self.unit_params[i] for i in self.owned]
 
     # ------------------------------------------------------------------ saved state
     @property
@@ -251,14 +260,14 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         the fp32 master weights, and one group per optimizer state tensor shaped like the
         weights (AdamW: ``exp_avg``, ``exp_avg_sq``). Views, no copies: loading into them
         restores the engine."""
-        params = [*self.unit_params, self.small_param]
+        params = [*self.owned_params, self.small_param]
         groups = {"model": params}
         if optimizer is not None:
             first = optimizer.state[params[0]]
             for name, value in first.items():
                 if torch.is_tensor(value) and value.shape == params[0].shape:
                     groups[name] = [optimizer.state[p][name] for p in params]
-        layouts = [*self.layouts, self.small]
+        layouts = [*(self.layouts[i] for i in self.owned), self.small]
         return {
             group: shard_views(self.state_layout, layouts, self.rank, pieces)
             for group, pieces in groups.items()
@@ -286,7 +295,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter in fp32 on CPU, gathered one unit at a time (tests and export)."""
         result = {}
-        pairs = [(lay, self.unit_master[i]) for i, lay in enumerate(self.layouts)]
+        pairs = [(self.layouts[i], self.unit_master[i]) for i in self.owned]
         for layout, shard in [*pairs, (self.small, self.small_master)]:
             full = torch.empty(layout.padded_numel, dtype=torch.float32, device=self.device)
             self.comm.wait(self.comm.all_gather(full, shard))

@@ -42,9 +42,10 @@ class GradientFinish:
         comm = self.replica_comm
         if comm is None:
             return
-        started = [job.replica_handle if job is not None else None for job in self.last_job]
+        jobs = [self.last_job[i] for i in self.owned]
+        started = [job.replica_handle if job is not None else None for job in jobs]
         handles = [h for h in started if h is not None]
-        for param, handle in zip(self.unit_params, started, strict=True):
+        for param, handle in zip(self.owned_params, started, strict=True):
             if handle is None:  # the same units on every rank: the same order of collectives
                 handles.append(comm.all_reduce(param.grad))
         handles.append(comm.all_reduce(self.small_param.grad))
@@ -57,7 +58,7 @@ class GradientFinish:
         pass over the gradient shard scales by both factors."""
         scale = self._grad_scale if self._grad_scale is not None else 1.0
         self._grad_scale = None
-        grads = [p.grad for p in self.unit_params] + [self.small_param.grad]
+        grads = [p.grad for p in self.owned_params] + [self.small_param.grad]
         # vector_norm reduces in place: no temporary the size of a gradient shard.
         norms = self._norms
         for index, grad in enumerate(grads):

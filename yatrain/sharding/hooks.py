@@ -8,6 +8,11 @@ as the tensor autograd made: a unit with one weight tensor is reduce-scattered s
 from it, the weights of other units are copied into a gradient buffer (no zeroing, no
 adding), which is reduce-scattered once the last of them has arrived (``reduce.py``).
 
+A unit tied to another (``layout.borrows``: an output head that is the embedding) is
+gathered from its home's shard for each use, and its gradient is reduce-scattered into
+the home's fp32 gradient shard; the home's own reduction, later in the backward, adds to
+it as a later micro-batch's would, so the one shard holds the sum of both uses.
+
 Ordering: the only rule is that a buffer is overwritten when its previous user is done with
 it. In forward that is any unit other than the one computing; in backward, units whose
 backward has finished. Units still resident from the forward (the last layers and the head)
@@ -159,7 +164,7 @@ class UnitSchedule:
         layout, slot = self.layouts[unit], self.slot_of[unit]
         param = layout.slots[index]
         if self.direct:  # one process: straight into the fp32 gradient shard
-            self._direct_grad(unit, param.offset, grad.reshape(-1), layout.single_tensor)
+            self._direct_grad(self.home[unit], param.offset, grad.reshape(-1), layout.single_tensor)
         elif slot is None:  # a single tensor: reduce-scatter autograd's tensor itself
             self._submit(unit, grad.reshape(-1), layout.numel)
         else:
@@ -171,7 +176,7 @@ class UnitSchedule:
             if slot is not None and not self.direct:
                 slot.data[layout.numel : layout.padded_numel].zero_()  # padding
                 slot.job = self._submit(unit, slot.data[: layout.padded_numel], layout.padded_numel)
-            self.has_grad[unit] = True
+            self.has_grad[self.home[unit]] = True
         self._pump()
 
     def _direct_grad(self, unit: int, offset: int, flat: torch.Tensor, single: bool) -> None:
@@ -185,11 +190,16 @@ class UnitSchedule:
         target.add_(flat) if self.has_grad[unit] else target.copy_(flat)
 
     def _submit(self, unit: int, source: torch.Tensor, numel: int):
-        previous = self.last_job[unit] if self.has_grad[unit] else None
-        final = self.micro_batches == self.expected_micro_batches  # the step's last backward
-        replica = self.replica_comm if final else None  # all-reduce the shard once it lands
-        job = self.reducer.submit(source, numel, self._grad_shard(unit), previous, replica)
-        self.last_job[unit] = job
+        """Reduce-scatter ``source`` into the shard of the unit's home (itself, or the unit
+        a tied unit borrows), added to what an earlier reduction put there this step."""
+        home = self.home[unit]
+        previous = self.last_job[home] if self.has_grad[home] else None
+        # The step's last backward all-reduces the shard across replicas once it lands; a
+        # tied shard once its home (earlier in forward, so later in backward) has added in.
+        final = self.micro_batches == self.expected_micro_batches and home == unit
+        replica = self.replica_comm if final else None
+        job = self.reducer.submit(source, numel, self._grad_shard(home), previous, replica)
+        self.last_job[home] = job
         return job
 
     def _pump(self) -> None:

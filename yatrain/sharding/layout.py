@@ -34,22 +34,34 @@ class ParamSlot:
 class FlatLayout:
     """Parameters of one unit laid end to end and padded to a multiple of ``world_size``."""
 
-    def __init__(self, slots: list[ParamSlot], world_size: int) -> None:
+    def __init__(self, slots: list[ParamSlot], world_size: int, borrows: int | None = None) -> None:
         self.slots = slots
+        # A unit made of another unit's parameters (a head tied to the embedding): it is
+        # gathered from, and its gradient reduced into, unit ``borrows``' shard; it has no
+        # shard, optimizer state or saved tensor of its own.
+        self.borrows = borrows
         self.numel = sum(s.numel for s in slots)
         self.padded_numel = math.ceil(self.numel / world_size) * world_size
         self.shard_numel = self.padded_numel // world_size
 
     @classmethod
     def from_params(
-        cls, named: list[tuple[str, nn.Module, str, torch.Tensor]], world_size: int
+        cls,
+        named: list[tuple[str, nn.Module, str, torch.Tensor]],
+        world_size: int,
+        borrows: int | None = None,
     ) -> FlatLayout:
         """Build from ``(qualified_name, module, attr, tensor)`` in a fixed order."""
         slots, offset = [], 0
         for name, module, attr, tensor in named:
             slots.append(ParamSlot(module, attr, name, tensor.shape, offset))
             offset += tensor.numel()
-        return cls(slots, world_size)
+        return cls(slots, world_size, borrows)
+
+    @property
+    def owns(self) -> bool:
+        """Holds its own shard (is not another unit's parameters)."""
+        return self.borrows is None
 
     @property
     def single_tensor(self) -> bool:
@@ -84,33 +96,57 @@ def plan_layouts(
     model: nn.Module, units: Sequence[nn.Module], norms: Sequence[nn.Module], world_size: int
 ) -> tuple[list[FlatLayout], FlatLayout, int]:
     """Unit layouts (weights of rank >= 2) and the small group: norms first, then any other
-    1-D tensor (biases); also returns how many small-group slots belong to norms."""
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    seen: set[int] = set()
+    1-D tensor (biases); also returns how many small-group slots belong to norms.
 
-    def collect(
-        module: nn.Module, skip: set[int]
-    ) -> list[tuple[str, nn.Module, str, torch.Tensor]]:
-        found = []
+    A unit whose parameters are exactly an earlier unit's (the same Parameter objects, in
+    the same order: an output head tied to the embedding) borrows that unit's layout;
+    any other sharing is refused."""
+    names: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)  # a shared Parameter keeps its first name
+    owner: dict[int, int] = {}  # parameter id -> the unit (or -1: the small group) holding it
+
+    def collect(module: nn.Module, skip: set[int], unit: int):
+        found, shared = [], []
         for sub in module.modules():
             for attr, param in sub.named_parameters(recurse=False):
                 if id(param) in skip:
                     continue
-                if id(param) in seen:
-                    raise ValueError(f"parameter {names.get(id(param))} is shared; not supported")
-                seen.add(id(param))
-                found.append((names.get(id(param), attr), sub, attr, param))
-        return found
+                (shared if id(param) in owner else found).append(
+                    (names.get(id(param), attr), sub, attr, param)
+                )
+        for entry in found:
+            owner[id(entry[3])] = unit
+        return found, shared
 
-    small = [entry for norm in norms for entry in collect(norm, set())]
+    small = [entry for norm in norms for entry in collect(norm, set(), -1)[0]]
     norm_ids = {id(entry[3]) for entry in small}
-    per_unit, one_dim = [], []
-    for unit in units:
-        params = collect(unit, norm_ids)
-        per_unit.append([e for e in params if e[3].ndim >= 2])
+    layouts, one_dim = [], []
+    for index, unit in enumerate(units):
+        params, shared = collect(unit, norm_ids, index)
+        if shared:
+            layouts.append(_borrowed(layouts, params, shared, owner, world_size))
+            continue
+        layouts.append(FlatLayout.from_params([e for e in params if e[3].ndim >= 2], world_size))
         one_dim.extend(e for e in params if e[3].ndim < 2)
-    layouts = [FlatLayout.from_params(p, world_size) for p in per_unit]
     for index, layout in enumerate(layouts):
         if not layout.slots:
             raise ValueError(f"unit {index} has no weights outside the norm group")
     return layouts, FlatLayout.from_params(small + one_dim, world_size), len(small)
+
+
+def _borrowed(layouts, params, shared, owner, world_size: int) -> FlatLayout:
+    """The layout of a unit made only of an earlier unit's parameters, bound to its own
+    modules; ValueError for any other sharing."""
+    home = owner[id(shared[0][3])]
+    theirs = layouts[home].slots if home >= 0 and layouts[home].owns else []
+    if params or [id(e[3]) for e in shared] != [id(_param(slot)) for slot in theirs]:
+        raise ValueError(
+            f"parameter {shared[0][0]} is shared, but not as a whole unit tied to another; "
+            "not supported"
+        )
+    return FlatLayout.from_params(shared, world_size, borrows=home)
+
+
+def _param(slot: ParamSlot) -> torch.Tensor:
+    return getattr(slot.module, slot.attr)

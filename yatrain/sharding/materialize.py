@@ -1,6 +1,7 @@
 """Build each rank's fp32 master shards from a meta-device model, one unit at a time.
 
-Every rank materialises one unit, lets the caller initialise it (deterministically per unit,
+Every rank materialises one unit (a unit borrowing another's parameters has nothing of
+its own to materialise), lets the caller initialise it (deterministically per unit,
 so the values do not depend on the world size), keeps only its own slice, and frees the unit
 before the next: the full model never exists anywhere. Norms (and other 1-D tensors) form
 the small group, which is small enough to assemble in full before slicing.
@@ -13,7 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from yatrain.sharding.layout import FlatLayout
+from yatrain.sharding.contract import Kept
+from yatrain.sharding.layout import FlatLayout, ParamSlot
 
 
 def materialize_shards(
@@ -23,7 +25,7 @@ def materialize_shards(
     units: Sequence[nn.Module],
     norms: Sequence[nn.Module],
     *,
-    init_unit: Callable[[int], None],
+    init_unit: Callable[[int, Kept], None],
     init_norms: Callable[[], None],
     device: torch.device,
     rank: int,
@@ -32,17 +34,21 @@ def materialize_shards(
 
     Afterwards the modules hold no parameters: the engine binds views before every use."""
     offsets, total = [], 0
-    for layout in layouts:
-        offsets.append(total)
-        total += layout.shard_numel
+    for layout in layouts:  # a borrowed unit's shard is its home's
+        offsets.append(total if layout.owns else offsets[layout.borrows])
+        total += layout.shard_numel if layout.owns else 0
     master = torch.zeros(total, dtype=torch.float32, device=device)
     small_full = torch.zeros(small.padded_numel, device=device)
     norm_slots, other_small = small.slots[:n_norm_slots], small.slots[n_norm_slots:]
     for index, unit in enumerate(units):
+        if not layouts[index].owns:  # its modules' attributes are bound before each use
+            for slot in layouts[index].slots:
+                delattr(slot.module, slot.attr)
+            continue
         unit.to_empty(device=device)
-        init_unit(index)
         layout = layouts[index]
         start, end = layout.shard_range(rank)
+        init_unit(index, _kept(layout.slots, start, end) | _kept(other_small, 0, small.numel))
         _copy_slots(layout.slots, master.narrow(0, offsets[index], layout.shard_numel), start, end)
         _copy_slots(other_small, small_full, 0, small.padded_numel)
         for slot in [*layout.slots, *other_small]:  # free this unit before the next
@@ -57,6 +63,16 @@ def materialize_shards(
         delattr(slot.module, slot.attr)
     start, end = small.shard_range(rank)
     return master, small_full[start:end].clone(), offsets
+
+
+def _kept(slots: list[ParamSlot], start: int, end: int) -> dict[str, tuple[int, int]]:
+    """For each slot overlapping [start, end) of its layout: the elements inside it."""
+    kept = {}
+    for slot in slots:
+        lo, hi = max(start, slot.offset), min(end, slot.offset + slot.numel)
+        if lo < hi:
+            kept[slot.name] = (lo - slot.offset, hi - slot.offset)
+    return kept
 
 
 def _copy_slots(slots, dest: torch.Tensor, start: int, end: int) -> None:

@@ -55,7 +55,11 @@ class ShardView:
 
 def state_entries(layouts: list[FlatLayout], small: FlatLayout) -> list[StateEntry]:
     """The saved layout of an engine with these unit layouts and small group."""
-    units = [StateEntry.of(f"unit.{index}", layout) for index, layout in enumerate(layouts)]
+    units = [
+        StateEntry.of(f"unit.{index}", layout)
+        for index, layout in enumerate(layouts)
+        if layout.owns  # a tied unit is saved once, under the unit that owns it
+    ]
     return [*units, StateEntry.of(_SMALL_KEY, small)]
 
 

@@ -25,7 +25,7 @@ from yatrain.train.evaluate import build_evaluator
 from yatrain.train.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
 from yatrain.train.runtime import Runtime, init_runtime
 
-_NO_INIT = InitHooks(lambda index: None, lambda: None)  # every weight is loaded afterwards
+_NO_INIT = InitHooks(lambda index, kept: None, lambda: None)  # every weight is loaded afterwards
 
 
 def evaluate_checkpoint(

@@ -118,8 +118,7 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     """One optimizer step: learning rate, this rank's batches, ``train_step``, and the
     non-finite policy (stop, or skip and count). Returns the outcome and the LR used."""
     optim = run.recipe.optim
-    lr = lr_at(step_number, lr=optim.lr, min_lr=optim.min_lr, warmup_steps=optim.warmup_steps,
-               total_steps=run.recipe.train.steps)  # fmt: skip
+    lr = lr_at(step_number, optim, run.recipe.train.steps)
     set_lr(run.optimizer, lr)
     with run.meter.waiting_for_data():
         micro_batches = run.loader.next_batch()

@@ -9,6 +9,7 @@ Everything that can refuse a run cheaply comes before anything is allocated or w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend, compile_layers
 from yatrain.train.evaluate import Evaluator, build_evaluator
+from yatrain.train.init_from import init_from_source
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
@@ -35,7 +37,6 @@ from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
 from yatrain.train.runtime import Runtime
 from yatrain.train.watchdog import Watchdog
-from yatrain.train.weights import init_from_source
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def setup(
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     checkpointer = compiler = None
     try:
-        model, engine = build_engine(recipe, runtime, layers, checks.verify, group)
+        model, engine = build_engine(recipe, runtime, layers, checks.verify, group, loggers.say)
         compiler = compile_model(recipe, model, run_dir)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
         checkpointer = Checkpointer(recipe, run_dir / recipe.checkpoint.dir, engine, optimizer,
@@ -200,11 +201,17 @@ def checkpoint_layers(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> int
 
 
 def build_engine(
-    recipe: Recipe, runtime: Runtime, layers: int, verify: bool = True, group: int | None = None
+    recipe: Recipe,
+    runtime: Runtime,
+    layers: int,
+    verify: bool = True,
+    group: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[nn.Module, ShardedEngine]:
     """The model on the meta device (``layers`` of its decoder layers checkpointed), sharded
     by the engine as each rank materialises it (from ``train.init_from`` when set, else from
-    the seed) over the whole world, or within shard groups of ``group`` ranks (HSDP)."""
+    the seed) over the whole world, or within shard groups of ``group`` ranks (HSDP);
+    ``say`` gets what the loading reports (the bytes this rank read)."""
     model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
     init = InitHooks.from_seed(model, recipe.train.seed)
     if recipe.train.init_from is not None:
@@ -222,4 +229,6 @@ def build_engine(
         force_process_group=recipe.sharding.force_process_group,
         mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
     )
+    if say is not None and init.report is not None:
+        say(init.report())
     return model, engine

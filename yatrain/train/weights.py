@@ -1,8 +1,7 @@
-"""Weights in and out: Hugging Face export, and ``train.init_from`` (HF directory or ours).
+"""Weights out: Hugging Face export (``train.init_from``, the way in, is ``init_from.py``).
 
-Both directions go one unit (embedding, decoder layer, head) at a time: export streams
-units from the checkpoint into safetensors shards, and import fills each unit while the
-engine materialises it, so neither ever holds the whole model.
+Export streams units (embedding, decoder layer, head) from the checkpoint into safetensors
+shards one at a time, so it never holds the whole model.
 
 Nothing read here can run code: our checkpoints go through ``open_checkpoint`` (restricted
 unpickling, checksums), Hugging Face weights are read from safetensors only (never
@@ -17,11 +16,10 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from yatrain.common import DTYPES, GIB
@@ -29,12 +27,12 @@ from yatrain.config import ModelConfig
 from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError
 from yatrain.models import hf
-from yatrain.models.llama import Llama
-from yatrain.sharding import InitHooks
-from yatrain.train.checkpoint import iter_full_weights, read_weights
-from yatrain.train.manifest import MANIFEST, SavedCheckpoint, open_checkpoint
+from yatrain.models.llama import count_parameters
+from yatrain.train.checkpoint import iter_full_weights
+from yatrain.train.manifest import SavedCheckpoint, open_checkpoint
 
-SHARD_BYTES = 4 * GIB
+SHARD_BYTES = 4 * GIB  # per safetensors file (Hugging Face's hub limit is 5 GB)
+BF16_ABOVE = 1e9  # parameters: larger models export in bf16 unless --dtype says otherwise
 
 
 def iter_checkpoint_weights(path: Path, verify: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -55,7 +53,7 @@ def export_hf(
         raise ConfigError(f"{output} already exists and is not empty: choose another --output")
     saved = open_checkpoint(checkpoint, verify=verify)
     cfg = saved.model
-    dtype = dtype or saved.manifest.get("dtype", "fp32")
+    dtype = dtype or default_export_dtype(cfg, saved.manifest.get("dtype", "fp32"))
     _remove_stale_exports(output)
     tmp = output.parent / f".tmp-{output.name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -80,6 +78,12 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
+
+
+def default_export_dtype(cfg: ModelConfig, trained: str) -> str:
+    """bf16 for models over 1B parameters (as Meta publishes them: half the bytes of fp32),
+    else the dtype the run trained in."""
+    return "bf16" if count_parameters(cfg) > BF16_ABOVE else trained
 
 
 def _remove_stale_exports(output: Path) -> None:
@@ -135,130 +139,3 @@ def _write_safetensors(saved: SavedCheckpoint, torch_dtype: torch.dtype, folder:
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
     """The checkpoint's tokenizer in Hugging Face form; (BOS, EOS), Llama's 1, 2 without one."""
     return export_tokenizer(checkpoint, folder) or (1, 2)
-
-
-# ---------------------------------------------------------------------- import (init_from)
-
-
-def _unit_names(model: Llama) -> tuple[list[list[str]], list[str]]:
-    """Qualified parameter names per unit (norms excluded), and the norms' names."""
-    prefix = {id(module): name for name, module in model.named_modules()}
-    norm_ids = {id(m) for m in model.norm_modules()}
-    norm_names = [
-        f"{prefix[id(m)]}.{n}" for m in model.norm_modules() for n, _ in m.named_parameters()
-    ]
-    units = []
-    for unit in model.units():
-        names = []
-        for sub in unit.modules():
-            if id(sub) in norm_ids:
-                continue
-            for attr, _ in sub.named_parameters(recurse=False):
-                names.append(f"{prefix[id(sub)]}.{attr}")
-        units.append(names)
-    return units, norm_names
-
-
-def init_from_source(
-    source: Path, cfg: ModelConfig, model: Llama, *, verify: bool = True
-) -> InitHooks:
-    """Engine hooks that fill each freshly materialised unit from ``source``."""
-    unit_names, norm_names = _unit_names(model)
-    if (source / "config.json").is_file():
-        read = _hf_reader(source, cfg)
-    elif (source / MANIFEST).is_file():
-        read = _checkpoint_reader(source, cfg, verify)
-    else:
-        raise ConfigError(
-            f"train.init_from {source} is neither a Hugging Face Llama directory (config.json "
-            f"and safetensors) nor a yatrain checkpoint ({MANIFEST})"
-        )
-
-    @torch.no_grad()
-    def fill(names: list[str]) -> None:
-        for name in names:
-            param = model.get_parameter(name)
-            value = read(name)
-            if value.shape != param.shape:
-                raise ConfigError(
-                    f"train.init_from {source}: {name} has shape {tuple(value.shape)}, the "
-                    f"model needs {tuple(param.shape)}"
-                )
-            param.copy_(value.to(param.dtype))
-
-    return InitHooks(lambda index: fill(unit_names[index]), lambda: fill(norm_names))
-
-
-def _hf_reader(source: Path, cfg: ModelConfig) -> Callable[[str], torch.Tensor]:
-    where = f"train.init_from {source}"
-    try:
-        config = json.loads((source / "config.json").read_text())
-        theirs = hf.model_config_from_hf(config)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{where}: config.json is unreadable ({error})") from None
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {error}") from None
-    if (why := hf.unsupported(config)) is not None:
-        raise ConfigError(f"{where} uses {why}: refused rather than loaded wrongly")
-    keys = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta",
-            "norm_eps")  # fmt: skip
-    differs = [k for k in keys if getattr(theirs, k) != getattr(cfg, k)]
-    if differs:
-        detail = ", ".join(f"model.{k} {getattr(cfg, k)} vs {getattr(theirs, k)}" for k in differs)
-        raise ConfigError(f"{where} has another architecture ({detail})")
-    weight_map = _weight_map(source)
-    tied = hf.tied_embeddings(config)
-
-    def read(name: str) -> torch.Tensor:
-        key = hf.hf_name(name)
-        if key not in weight_map and tied and name == "output.weight":
-            key = hf.hf_name("tok_embeddings.weight")  # the head starts as the embedding
-        if key not in weight_map:
-            raise ConfigError(f"{where} has no tensor {key}")
-        with safe_open(str(source / weight_map[key]), "pt") as f:
-            return hf.from_hf(name, f.get_tensor(key), cfg)
-
-    return read
-
-
-def _weight_map(source: Path) -> dict[str, str]:
-    """Tensor name -> safetensors file of a Hugging Face directory, checked to stay in it."""
-    where = f"train.init_from {source}"
-    index, single = source / "model.safetensors.index.json", source / "model.safetensors"
-    try:
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-        elif single.is_file():
-            with safe_open(str(single), "pt") as f:
-                weight_map = dict.fromkeys(f.keys(), single.name)
-        else:
-            raise ConfigError(
-                f"{where} has no model.safetensors (or model.safetensors.index.json): only "
-                "safetensors weights are read (a pytorch_model.bin is a pickle that could run "
-                "code); save the model with safe_serialization=True"
-            )
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"{where}: its safetensors index is unreadable ({error})") from None
-    files = set(weight_map.values()) if isinstance(weight_map, dict) else {None}
-    for file in files:
-        if not isinstance(file, str) or "/" in file or not (source / file).is_file():
-            raise ConfigError(f"{where}: the weight file {file!r} is missing")
-    return weight_map
-
-
-def _checkpoint_reader(
-    source: Path, cfg: ModelConfig, verify: bool
-) -> Callable[[str], torch.Tensor]:
-    fix = "train.init_from needs a recipe with the checkpoint's model shape"
-    saved = open_checkpoint(source, cfg, fix=fix, verify=verify)
-    entry_of = {name: entry for entry in saved.layout for name, _, _ in entry.params}
-    cache: dict[str, dict[str, torch.Tensor]] = {}
-
-    def read(name: str) -> torch.Tensor:
-        entry = entry_of[name]
-        if entry.key not in cache:  # one unit in memory at a time
-            cache.clear()
-            cache[entry.key] = read_weights(saved, entry)
-        return cache[entry.key][name]
-
-    return read

@@ -1,0 +1,98 @@
+"""Tied embeddings (Llama 3.2): one weight serves the embedding and the output head, in the
+model and in the engine, which trains it exactly like a plain tied model (issue 24)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from distributed import run_ranks
+from test_engine import CFG, SEED, batches, loss_of, max_rel, optimizer_for, weights_rel
+
+from yatrain.models.llama import build_model, count_parameters, flops_per_token, materialize
+from yatrain.plan.memory import engine_state_bytes
+from yatrain.sharding import ShardedEngine
+from yatrain.sharding.groups import hybrid_mesh
+from yatrain.train.step import train_step
+
+TIED = dataclasses.replace(CFG, tie_embeddings=True)
+
+
+def reference(data: torch.Tensor, clip: float):
+    """A plain tied model on the whole global batch: losses, gradient norms, weights."""
+    model = materialize(build_model(TIED), "cpu", SEED)
+    params = list(model.parameters())
+    opt = optimizer_for(
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
+    )
+    losses, norms = [], []
+    for step in data:
+        loss = loss_of(model, step)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(params, clip or float("inf")).item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, norms, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_tied(rank, world, data, micro, clip, hybrid=False):
+    model = build_model(TIED)
+    mesh = hybrid_mesh("cpu", 2) if hybrid else None
+    engine = ShardedEngine.from_model(model, device="cpu", seed=SEED, mesh=mesh)
+    opt = optimizer_for(engine.param_groups(0.1))
+    per_rank = data.shape[1] // world
+    losses, norms = [], []
+    for step in data:
+        mine = step[rank * per_rank : (rank + 1) * per_rank]
+        micros = [
+            (mine[s : s + micro, :-1], mine[s : s + micro, 1:]) for s in range(0, per_rank, micro)
+        ]
+        outcome = train_step(model, engine, opt, micros, grad_clip=clip)
+        norms.append(outcome.grad_norm.item())
+        loss = outcome.loss
+        if world > 1:
+            torch.distributed.all_reduce(loss)
+        losses.append(loss.item() / world)
+    keys = [entry.key for entry in engine.state_layout]
+    return losses, norms, engine.full_state_dict(), keys, len(engine.param_groups(0.1)[0]["params"])
+
+
+@pytest.mark.parametrize(
+    "world,global_batch,micro,clip,hybrid",
+    [
+        (1, 4, 2, 0.5, False),  # the direct path, two micro-batches
+        (2, 4, 1, 0.0, False),  # both uses reduce-scattered into one shard, accumulated
+        (3, 6, 2, 0.5, False),  # padding
+        (4, 8, 1, 0.0, True),  # hybrid: the tied shard is all-reduced across replicas once
+    ],
+)
+def test_tied_engine_matches_a_plain_tied_model(world, global_batch, micro, clip, hybrid):
+    data = batches(global_batch, steps=6)
+    want_losses, want_norms, want_weights = reference(data, clip)
+    args = (data, micro, clip, hybrid)
+    results = [train_tied(0, 1, *args)] if world == 1 else run_ranks(world, train_tied, *args)
+    losses, norms, weights, keys, n_params = results[0]
+    assert "output.weight" not in weights  # saved once, as the embedding
+    assert max_rel(losses, want_losses) < 1e-5
+    assert max_rel(norms, want_norms) < 1e-5
+    assert weights_rel(weights, want_weights) < 1e-5
+    assert keys == [f"unit.{i}" for i in range(TIED.n_layers + 1)] + ["small"]
+    assert n_params == TIED.n_layers + 1  # the optimizer steps the shared shard once
+
+
+def test_tied_model_shares_one_parameter_and_counts_it_once():
+    model = materialize(build_model(TIED), "cpu", SEED)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(TIED)
+    table = TIED.vocab_size * TIED.dim
+    assert count_parameters(CFG) - count_parameters(TIED) == table
+    # The head's matmul is work whether or not its weight is the embedding's.
+    assert flops_per_token(TIED, 12) == flops_per_token(CFG, 12)
+    tied, untied = (engine_state_bytes(c, 2, "bf16", "fp32", 1) for c in (TIED, CFG))
+    assert untied["master_weights"] - tied["master_weights"] == 4 * table // 2
+    assert untied["optimizer_state"] - tied["optimizer_state"] == 8 * table // 2

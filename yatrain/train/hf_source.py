@@ -1,0 +1,132 @@
+"""A Hugging Face Llama directory as ``train.init_from`` reads it: its config.json checked
+against the recipe, its safetensors read a row range at a time.
+
+safetensors maps each file and reads the slice asked for, so a rank that keeps rows
+[r0, r1) of a tensor reads those rows only (the rotary permutation of ``wq``/``wk`` maps
+them to other rows of the same heads, which are read instead), and copies them straight
+into the materialised parameter (cast there). Nothing is kept between reads: a file is
+opened for one chunk of rows (``CHUNK_NUMEL``) and closed again, so the mapped pages and
+the copies in flight stay a few MiB however large the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from yatrain.common import format_bytes
+from yatrain.config import ModelConfig
+from yatrain.errors import ConfigError
+from yatrain.models import hf
+from yatrain.schema import to_dict
+
+Rows = tuple[int, int] | None  # [r0, r1) of a tensor's first dimension; None: all of it
+CHUNK_NUMEL = 2**22  # elements read per opening of a file: 8 MiB of bf16
+
+# The keys of the recipe's model section a directory must agree with.
+_COMPARED = (
+    *("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"),
+    *("rope_theta", "norm_eps", "rope_scaling", "tie_embeddings"),
+)
+
+
+class HFSource:
+    """Tensors of one Hugging Face directory in our layout; counts the bytes it read."""
+
+    def __init__(self, source: Path, cfg: ModelConfig) -> None:
+        self.source, self.cfg, self.where = source, cfg, f"train.init_from {source}"
+        try:
+            config = json.loads((source / "config.json").read_text())
+            theirs = hf.model_config_from_hf(config)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{self.where}: config.json is unreadable ({error})") from None
+        except ConfigError as error:
+            raise ConfigError(f"{self.where}: {error}") from None
+        if (why := hf.unsupported(config)) is not None:
+            raise ConfigError(f"{self.where} uses {why}: refused rather than loaded wrongly")
+        differs = [k for k in _COMPARED if getattr(theirs, k) != getattr(cfg, k)]
+        if differs:
+            detail = ", ".join(f"model.{k} {_show(cfg, k)} vs {_show(theirs, k)}" for k in differs)
+            raise ConfigError(f"{self.where} has another architecture ({detail})")
+        self.weight_map = _weight_map(source)
+        self.bytes_read = 0
+        self.total_bytes = sum((source / f).stat().st_size for f in set(self.weight_map.values()))
+
+    def fill(self, name: str, rows: Rows, param: torch.Tensor) -> None:
+        """Copy rows [r0, r1) (all with None) of our parameter ``name`` into ``param``,
+        a chunk of rows at a time, each through its own opening of the file (so no more
+        than a chunk of it is mapped at once)."""
+        key = hf.hf_name(name)
+        if key not in self.weight_map:
+            raise ConfigError(f"{self.where} has no tensor {key}")
+        path = str(self.source / self.weight_map[key])
+        with safe_open(path, "pt") as f:
+            shape = tuple(f.get_slice(key).get_shape())
+        if shape != tuple(param.shape):
+            raise ConfigError(
+                f"{self.where}: {key} has shape {shape}, the model needs {tuple(param.shape)}"
+            )
+        first, end = rows if rows is not None else (0, shape[0])
+        step = max(1, CHUNK_NUMEL // max(param[0].numel(), 1)) if param.ndim > 1 else end
+        for start in range(first, end, step):
+            stop = min(start + step, end)
+            wanted = hf.source_rows(name, range(start, stop), shape[0], self.cfg)
+            with safe_open(path, "pt") as f:
+                param[start:stop].copy_(self._rows(f.get_slice(key), wanted))
+
+    def _rows(self, part, wanted: list[int]) -> torch.Tensor:
+        """Rows ``wanted`` (in that order) of a tensor, read as few contiguous runs."""
+        if wanted == list(range(wanted[0], wanted[-1] + 1)):
+            return self._count(part[wanted[0] : wanted[-1] + 1])
+        needed = sorted(set(wanted))
+        runs, start = [], needed[0]
+        for previous, row in zip(needed, [*needed[1:], None], strict=True):
+            if row != previous + 1:
+                runs.append(self._count(part[start : previous + 1]))
+                start = row
+        stacked = torch.cat(runs)
+        position = {row: i for i, row in enumerate(needed)}
+        return stacked[torch.tensor([position[row] for row in wanted])]
+
+    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def report(self) -> str:
+        return (
+            f"init_from {self.source}: this rank read {format_bytes(self.bytes_read)} of the "
+            f"model's {format_bytes(self.total_bytes)}"
+        )
+
+
+def _show(cfg: ModelConfig, key: str) -> str:
+    value = getattr(cfg, key)
+    return json.dumps(to_dict(value)) if key == "rope_scaling" else str(value)
+
+
+def _weight_map(source: Path) -> dict[str, str]:
+    """Tensor name -> safetensors file of a Hugging Face directory, checked to stay in it."""
+    where = f"train.init_from {source}"
+    index, single = source / "model.safetensors.index.json", source / "model.safetensors"
+    try:
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+        elif single.is_file():
+            with safe_open(str(single), "pt") as f:
+                weight_map = dict.fromkeys(f.keys(), single.name)
+        else:
+            raise ConfigError(
+                f"{where} has no model.safetensors (or model.safetensors.index.json): only "
+                "safetensors weights are read (a pytorch_model.bin is a pickle that could run "
+                "code); save the model with safe_serialization=True"
+            )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{where}: its safetensors index is unreadable ({error})") from None
+    files = set(weight_map.values()) if isinstance(weight_map, dict) else {None}
+    for file in files:
+        if not isinstance(file, str) or "/" in file or not (source / file).is_file():
+            raise ConfigError(f"{where}: the weight file {file!r} is missing")
+    return weight_map
