@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from yatrain.cli.app import app
+from yatrain.cli.app import app, interrupt
 from yatrain.errors import ConfigError
 from yatrain.models.generate import Sampling
 from yatrain.train.eval_checkpoint import evaluate_checkpoint
@@ -40,13 +40,9 @@ def export(
         raise ConfigError(f"--format {format}: the only export format is hf")
     if dtype not in (None, "fp32", "bf16"):
         raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed export removes its partial output
+    signal.signal(signal.SIGTERM, interrupt)  # a killed export removes its partial output
     export_hf(checkpoint, output, dtype, verify=verify)
     typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _main_rank() -> bool:
