@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import typer
 
 from yatrain.cli.app import app, interrupt
+from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
 from yatrain.models.generate import Sampling
 from yatrain.train.eval_checkpoint import evaluate_checkpoint
@@ -77,7 +77,7 @@ def evaluate(
     if not _main_rank():
         return
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(dumps_json(result))
         return
     sources = "".join(f" | {k} {v:.4f}" for k, v in result.items() if k.startswith("val_loss/"))
     ppl = "inf" if result["val_ppl"] is None else f"{result['val_ppl']:.2f}"
@@ -114,4 +114,4 @@ def generate(
     result = generate_text(
         checkpoint, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed
     )
-    typer.echo(json.dumps(result) if as_json else prompt + result["text"])
+    typer.echo(dumps_json(result) if as_json else prompt + result["text"])

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from yatrain.cli.app import app
-from yatrain.common import GIB
+from yatrain.common import GIB, dumps_json
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.plan import format_plan, memory_limit, plan_memory
@@ -94,16 +93,17 @@ def plan(
         [], "--set", help="Override a recipe key: --set data.seq_len=2048 (value parsed as YAML)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
-    shard_group_size: int | None = typer.Option(
+    shard_group_size: str | None = typer.Option(
         None,
         "--shard-group-size",
-        min=1,
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
     ),  # fmt: skip
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding)."""
     if shard_group_size is not None:
+        if not shard_group_size.isdigit() and shard_group_size != "auto":
+            raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
         overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
     loaded = load_recipe(recipe, overrides)
     if loaded.sharding.shard_group_size == "auto":
@@ -116,7 +116,7 @@ def plan(
     result = plan_memory(loaded, gpus, limit, allowance)
     if as_json:
         payload = {"recipe": str(recipe), "gpu_memory_source": source, **result.to_json()}
-        typer.echo(json.dumps(payload))
+        typer.echo(dumps_json(payload))
     else:
         typer.echo(format_plan(result, loaded, recipe, source))
 

@@ -73,6 +73,7 @@ def export_hf(
         (tmp / "generation_config.json").write_text(
             json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=1)
         )
+        _same_permissions(tmp, tmp / "config.json")
         if output.exists():
             output.rmdir()
         os.replace(tmp, output)
@@ -80,6 +81,14 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
+
+
+def _same_permissions(folder: Path, like: Path) -> None:
+    """Every file of ``folder`` with the permissions of ``like`` (a file written the usual
+    way): safetensors writes its files readable by their owner only."""
+    mode = like.stat().st_mode & 0o777
+    for file in folder.iterdir():
+        os.chmod(file, mode)
 
 
 def _remove_stale_exports(output: Path) -> None:
@@ -241,7 +250,12 @@ def _weight_map(source: Path) -> dict[str, str]:
         raise ConfigError(f"{where}: its safetensors index is unreadable ({error})") from None
     files = set(weight_map.values()) if isinstance(weight_map, dict) else {None}
     for file in files:
-        if not isinstance(file, str) or "/" in file or not (source / file).is_file():
+        if not isinstance(file, str) or "/" in file or "\\" in file or file in ("", ".", ".."):
+            raise ConfigError(
+                f"{where}: its index names {file!r}, which is not a file name inside the "
+                "directory (weights are read only from the directory itself): fix the index"
+            )
+        if not (source / file).is_file():
             raise ConfigError(f"{where}: the weight file {file!r} is missing")
     return weight_map
 
