@@ -12,9 +12,13 @@ command, in the order ``--help`` lists them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from typer import Abort
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer exports no other name
@@ -57,6 +61,7 @@ def main() -> None:
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
         print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
+        _tell_launcher(_one_line(error))
         sys.exit(2)
     except KeyboardInterrupt:
         code = 130
@@ -75,3 +80,13 @@ def _one_line(error: BaseException) -> str:
         where = f": {error.filename}" if error.filename else ""
         return f"{error.strerror or error}{where}; free space or fix permissions, then rerun"
     return str(error)
+
+
+def _tell_launcher(message: str) -> None:
+    """Under torch elastic (``--nproc-per-node``, torchrun) write a failed rank's one line
+    to the error file its launcher reads (``TORCHELASTIC_ERROR_FILE``), so the launcher's
+    report names it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
