@@ -61,7 +61,7 @@ def main() -> None:
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
         print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
-        _tell_launcher(_one_line(error))
+        _tell_launcher(_one_line(error), 2)
         sys.exit(2)
     except KeyboardInterrupt:
         code = 130
@@ -82,11 +82,12 @@ def _one_line(error: BaseException) -> str:
     return str(error)
 
 
-def _tell_launcher(message: str) -> None:
+def _tell_launcher(message: str, code: int) -> None:
     """Under torch elastic (``--nproc-per-node``, torchrun) write a failed rank's one line
     to the error file its launcher reads (``TORCHELASTIC_ERROR_FILE``), so the launcher's
-    report names it."""
+    report names it, with the exit code (the launcher may stop the rank while it exits)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
+        report = {"message": message, "timestamp": int(time.time()), "exitcode": code}
         with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+            Path(path).write_text(json.dumps(report))

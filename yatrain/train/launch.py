@@ -131,10 +131,13 @@ def summary(failed: ChildFailedError, job: Launch, log_dir: Path) -> tuple[list[
     failures = failed.failures
     rank = min(failures, key=lambda r: (_written_at(failures[r]), r))
     first = failures[rank]
-    if first.exitcode < 0:
-        how, code = f"killed by {signal.Signals(-first.exitcode).name}", 128 - first.exitcode
+    code = first.error_file_data.get("exitcode", first.exitcode)  # a rank stopped as it exited
+    if not isinstance(code, int):
+        code = first.exitcode
+    if code < 0:
+        how, code = f"killed by {signal.Signals(-code).name}", 128 - code
     else:
-        how, code = f"exit code {first.exitcode}", first.exitcode
+        how = f"exit code {code}"
     why = first.message if first.error_file_data.get("message") else None
     why = why or _last_line(log_dir, first.local_rank)
     after = ", ".join(str(r) for r in sorted(failures) if r != rank)
