@@ -73,9 +73,6 @@ def prepare_data(
     if next(corpus.documents(), None) is None:
         raise DataError("the inputs contain no text (no non-empty documents): check --input")
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    for line in remove_stale_temporaries(output):
-        print(line, file=sys.stderr)
     tmp, lock = _temporary(output)
     try:
         tok, names = _store_tokenizer(tmp, corpus, source, vocab_size, progress, val_fraction)
@@ -129,7 +126,11 @@ def _check_arguments(
 
 
 def _temporary(output: Path) -> tuple[Path, int]:
-    """A new hidden directory next to ``output``, and the lock held on it while in use."""
+    """A new hidden directory next to ``output``, and the lock held on it while in use
+    (those of killed earlier runs removed first)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    for line in remove_stale_temporaries(output):
+        print(line, file=sys.stderr)
     tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
     lock = os.open(tmp / _TMP_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
