@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import tiktoken
-from tokenizer_fixtures import sample_texts, write_hf, write_tiktoken
+from tokenizer_fixtures import META_PATTERN, sample_texts, write_hf, write_tiktoken
 from tokenizers import Tokenizer as HFBackend
 
 from yatrain.config import load_recipe
@@ -24,7 +24,7 @@ from yatrain.data import (
 )
 from yatrain.data.tokenizer_export import tiktoken_to_hf, write_hf_tokenizer
 from yatrain.data.tokenizer_formats import detect_kind
-from yatrain.data.tokenizer_tiktoken import PATTERN, special_tokens, split_for_encoding
+from yatrain.data.tokenizer_tiktoken import special_tokens, split_for_encoding
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe_checks import check_vocab
 
@@ -88,7 +88,9 @@ def _reference_encode(ranks_path, text: str) -> list[int]:
         token, rank = line.split()
         ranks[base64.b64decode(token)] = int(rank)
     specials = {t: len(ranks) + i for i, t in enumerate(special_tokens())}
-    enc = tiktoken.Encoding("ref", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    enc = tiktoken.Encoding(
+        "ref", pat_str=META_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
     ids = []
     for i in range(0, len(text), 400_000):
         for part in _meta_split(text[i : i + 400_000], 25_000):

@@ -17,6 +17,10 @@ SENTENCE = (
 )
 WORDS = SENTENCE.split(" ")
 
+# Meta's Llama 3 split pattern, copied character for character from its llama/tokenizer.py:
+# the reference the module's own PATTERN is checked against (never built from it).
+META_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501
+
 
 def sample_texts(n: int = 40, seed: int = 0) -> list[str]:
     """Varied text: prose, indented code, digits, accents, CJK, emoji, blank lines."""

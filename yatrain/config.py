@@ -225,6 +225,13 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
         )
     try:
         raw = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
+            "save the recipe as UTF-8"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a recipe; fix the file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -243,6 +250,8 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
         return recipe_from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: a value is nested too deeply; fix it") from None
 
 
 def _apply_override(d: dict, item: str) -> None:
@@ -256,6 +265,8 @@ def _apply_override(d: dict, item: str) -> None:
         )
     try:
         value = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"override '{key}': its value is nested too deeply; fix it") from None
     except yaml.YAMLError as e:
         raise ConfigError(
             f"override '{item}': value '{text}' is not valid YAML; quote it or fix it"

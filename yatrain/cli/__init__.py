@@ -1,7 +1,8 @@
 """The ``yatrain`` command line: thin wrappers that turn flags into library calls.
 
-User errors (``YatrainError``) and a full or read-only disk (``OSError`` ENOSPC, EDQUOT,
-EROFS, EACCES) become one line on stderr and exit code 2; ``--debug`` shows the traceback
+User errors (``YatrainError``), a full or read-only disk (``OSError`` ENOSPC, EDQUOT,
+EROFS, EACCES) and a path the file system refuses (ENAMETOOLONG) become one line on stderr
+and exit code 2; ``--debug`` shows the traceback
 instead. Anything else is a bug and keeps its traceback.
 
 Each command lives in the module of its concept (``data``, ``train``, ``checkpoints``) and
@@ -11,9 +12,16 @@ command, in the order ``--help`` lists them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import sys
+import time
+from pathlib import Path
+
+from typer import Abort
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer exports no other name
 
 from yatrain.cli import data, train  # registered in the order --help lists them
 
@@ -27,29 +35,59 @@ __all__ = ["app", "checkpoints", "data", "main", "train"]
 
 # What the machine's file system can refuse (not a bug): full, over quota, read-only, denied.
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_USER_OS_ERRORS = _DISK_ERRORS | {errno.ENAMETOOLONG}  # a path the user typed
 
 
 def main() -> None:
     debug = "--debug" in sys.argv
     try:
-        app(prog_name="yatrain")
+        code = app(prog_name="yatrain", standalone_mode=False)
+    except NoArgsIsHelpError as help_text:
+        help_text.show()
+        sys.exit(2)
+    except UsageError as error:  # a flag's value out of range, a missing argument, ...
+        command = error.ctx.command_path if error.ctx is not None else "yatrain"
+        message = error.format_message().replace("\n", " ")
+        print(f"yatrain: error: {message} (see {command} --help)", file=sys.stderr)
+        sys.exit(2)
+    except Abort:
+        sys.exit(1)
     except Interrupted as stopped:
         print(f"yatrain: {stopped}", file=sys.stderr)
         sys.exit(130)
     except (YatrainError, OSError) as error:
-        if debug or (isinstance(error, OSError) and error.errno not in _DISK_ERRORS):
+        if debug or (isinstance(error, OSError) and error.errno not in _USER_OS_ERRORS):
             raise
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
         print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
+        _tell_launcher(_one_line(error), 2)
         sys.exit(2)
     except KeyboardInterrupt:
+        code = 130
+    if code == 130:  # typer turns Ctrl-C (or SIGTERM made one) into exit code 130
         print("yatrain: interrupted", file=sys.stderr)
-        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG:
+        return (
+            f"{error.strerror}: {error.filename} (each part of a path is limited to 255 "
+            "bytes): use a shorter name"
+        )
     if isinstance(error, OSError):
         where = f": {error.filename}" if error.filename else ""
         return f"{error.strerror or error}{where}; free space or fix permissions, then rerun"
     return str(error)
+
+
+def _tell_launcher(message: str, code: int) -> None:
+    """Under torch elastic (``--nproc-per-node``, torchrun) write a failed rank's one line
+    to the error file its launcher reads (``TORCHELASTIC_ERROR_FILE``), so the launcher's
+    report names it, with the exit code (the launcher may stop the rank while it exits)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        report = {"message": message, "timestamp": int(time.time()), "exitcode": code}
+        with contextlib.suppress(OSError):
+            Path(path).write_text(json.dumps(report))

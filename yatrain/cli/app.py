@@ -17,3 +17,9 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
 ) -> None:
     """yatrain: prepare data, then pretrain a recipe on one process or under torchrun."""
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handler: stop like Ctrl-C, so that a command's cleanup runs (``main`` then
+    prints one line)."""
+    raise KeyboardInterrupt

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import typer
 
-from yatrain.cli.app import app
+from yatrain.cli.app import app, interrupt
+from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
 from yatrain.models.generate import Sampling
 from yatrain.train.eval_checkpoint import evaluate_checkpoint
@@ -42,13 +42,9 @@ def export(
         raise ConfigError(f"--format {format}: the only export format is hf")
     if dtype not in (None, "fp32", "bf16"):
         raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed export removes its partial output
+    signal.signal(signal.SIGTERM, interrupt)  # a killed export removes its partial output
     export_hf(checkpoint, output, dtype, verify=verify)
     typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _main_rank() -> bool:
@@ -83,7 +79,7 @@ def evaluate(
     if not _main_rank():
         return
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(dumps_json(result))
         return
     sources = "".join(f" | {k} {v:.4f}" for k, v in result.items() if k.startswith("val_loss/"))
     ppl = "inf" if result["val_ppl"] is None else f"{result['val_ppl']:.2f}"
@@ -120,4 +116,4 @@ def generate(
     result = generate_text(
         checkpoint, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed
     )
-    typer.echo(json.dumps(result) if as_json else prompt + result["text"])
+    typer.echo(dumps_json(result) if as_json else prompt + result["text"])

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
 
-from yatrain.cli.app import app
+from yatrain.cli.app import app, interrupt
 from yatrain.data import prepare_data as run_prepare_data
 from yatrain.data.split import DEFAULT_VAL_FRACTION
 
@@ -48,7 +49,7 @@ def prepare_data(
         help="Skip and count unreadable records instead of stopping at the first one.",
     ),
     workers: int | None = typer.Option(
-        None, "--workers", min=1, help="Tokenizer processes (default: one per core)."
+        None, "--workers", help="Tokenizer processes, at most one per core (default: one per core)."
     ),
     bos_token: str | None = typer.Option(
         None, "--bos-token", help="tokenizer.json only: the token (or id) that starts documents."
@@ -62,6 +63,7 @@ def prepare_data(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Tokenize documents into checksummed shards (the default corpus needs no download)."""
+    signal.signal(signal.SIGTERM, interrupt)  # a killed run ends its workers, leaves nothing
     manifest = run_prepare_data(
         output,
         inputs or None,
@@ -86,4 +88,5 @@ def _summary(manifest: dict) -> str:
            if val else ", no validation split")
         + f", {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
         + (f", {skipped:,} bad records skipped" if skipped else "")
+        + (f", {empty:,} empty documents dropped" if (empty := manifest["empty_documents"]) else "")
     )  # fmt: skip

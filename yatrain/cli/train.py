@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import typer
 
 from yatrain.cli.app import app
-from yatrain.common import GIB
+from yatrain.common import GIB, dumps_json
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.sweep import run_sweep
+from yatrain.train.launch import Launch, launch
 from yatrain.train.loop import pretrain as run_pretrain
 from yatrain.train.setup import Checks
 
@@ -23,7 +24,9 @@ from yatrain.train.setup import Checks
         "Examples:\n\n"
         "  yatrain pretrain recipes/tiny.yaml\n\n"
         "  yatrain pretrain recipes/tiny.yaml --set model.n_layers=2 --steps 20\n\n"
-        "  torchrun --nproc-per-node 8 -m yatrain pretrain recipes/llama3_8b.yaml"
+        "  yatrain pretrain recipes/llama3_8b.yaml --nproc-per-node 8\n\n"
+        "  yatrain pretrain recipes/llama3_70b.yaml --nproc-per-node 8 --nnodes 4 "
+        "--rdzv-endpoint HOST:29500 --rdzv-id JOB"
     )
 )
 def pretrain(
@@ -56,8 +59,25 @@ def pretrain(
         min=1,
         help="On CPU, count live tensors during this step (slower) and log peak_tensor_bytes.",
     ),
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", help="Start N ranks on this node (one per GPU), as torchrun."
+    ),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes of the job: N or MIN:MAX."),
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint", help="Several nodes: HOST:PORT where they meet."
+    ),
+    rdzv_id: str | None = typer.Option(
+        None, "--rdzv-id", help="Several nodes: the job's id, the same on every node."
+    ),
+    max_restarts: int = typer.Option(
+        0, "--max-restarts", help="Restart the ranks up to K times after a failure."
+    ),
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
+    if nproc_per_node is not None:  # the launcher: the ranks run this command without it
+        job = Launch(nproc_per_node, nnodes, rdzv_endpoint, rdzv_id, max_restarts)
+        load_recipe(recipe, overrides)  # a wrong recipe is one line here, not one per rank
+        raise typer.Exit(launch(job, sys.argv[1:]))
     loaded = load_recipe(recipe, overrides)
     run_pretrain(
         loaded,
@@ -94,16 +114,17 @@ def plan(
         [], "--set", help="Override a recipe key: --set data.seq_len=2048 (value parsed as YAML)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
-    shard_group_size: int | None = typer.Option(
+    shard_group_size: str | None = typer.Option(
         None,
         "--shard-group-size",
-        min=1,
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
     ),  # fmt: skip
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding)."""
     if shard_group_size is not None:
+        if not shard_group_size.isdigit() and shard_group_size != "auto":
+            raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
         overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
     loaded = load_recipe(recipe, overrides)
     if loaded.sharding.shard_group_size == "auto":
@@ -116,7 +137,7 @@ def plan(
     result = plan_memory(loaded, gpus, limit, allowance)
     if as_json:
         payload = {"recipe": str(recipe), "gpu_memory_source": source, **result.to_json()}
-        typer.echo(json.dumps(payload))
+        typer.echo(dumps_json(payload))
     else:
         typer.echo(format_plan(result, loaded, recipe, source))
 

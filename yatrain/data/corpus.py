@@ -94,6 +94,7 @@ class ReadStats:
     bad_records: int = 0
     first_bad_record: str | None = None
     not_text: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
+    empty_documents: int = 0  # records that held only whitespace (dropped)
 
 
 class Corpus:
@@ -138,7 +139,10 @@ class Corpus:
             records = read_documents(item, self.text_field)
         for record in records:
             if not isinstance(record, BadRecord):
-                yield record
+                if record.strip():
+                    yield record
+                else:
+                    stats.empty_documents += 1
                 continue
             message = f"{record.where}: {record.reason}"
             if not self.skip_bad_records:

@@ -7,10 +7,15 @@ so the output is byte-identical for any N. At most ``4 N`` chunks are read ahead
 writer, whatever the corpus size. Each worker encodes on one thread and returns its chunk
 packed as ``[bos] doc [eos] [bos] doc [eos] ...`` in the token dtype, ready to be written,
 split into training and held-out documents (``split.pack_split``).
+
+When the stream is not read to its end (an error, Ctrl-C, SIGTERM) the workers are ended at
+once rather than left to finish their chunks; on Linux a worker also ends when its parent
+dies, however it dies, so none is ever left behind as an orphan.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import queue
@@ -51,8 +56,24 @@ def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def _worker(tokenizer: Tokenizer, dtype: np.dtype, val_fraction: float, inbox, outbox) -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent(parent: int) -> None:
+    """Linux: have the kernel send SIGTERM to this worker when its parent dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+
+def _worker(
+    tokenizer: Tokenizer, dtype: np.dtype, val_fraction: float, inbox, outbox, parent: int
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler: just end
+    _end_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker
     while (task := inbox.get()) is not None:
         index, docs = task
@@ -74,7 +95,8 @@ class _Pool:
         self.inbox, self.outbox = context.Queue(), context.Queue()
         self.processes = [
             context.Process(
-                target=_worker, args=(tokenizer, dtype, val_fraction, self.inbox, self.outbox),
+                target=_worker,
+                args=(tokenizer, dtype, val_fraction, self.inbox, self.outbox, os.getpid()),
                 daemon=True,
                 name=f"yatrain-tokenize-{i}",
             )
@@ -105,13 +127,19 @@ class _Pool:
             self.done[got] = answer
         return self.done.pop(index)
 
-    def close(self) -> None:
-        for _ in self.processes:
-            self.inbox.put(None)
+    def close(self, finished: bool = True) -> None:
+        """End the workers: after their last chunk, or (not ``finished``) at once."""
+        if finished:
+            for _ in self.processes:
+                self.inbox.put(None)
         for process in self.processes:
-            process.join(timeout=5)
+            process.join(timeout=5 if finished else 0)
             if process.is_alive():
                 process.terminate()
+        for process in self.processes:
+            process.join(timeout=2)
+            if process.is_alive():
+                process.kill()
                 process.join()
         for q in (self.inbox, self.outbox):
             q.cancel_join_thread()  # chunks nobody will read must not block our exit
@@ -142,6 +170,7 @@ def encode_stream(
 def _in_order(pool: _Pool, documents: Iterable[str], workers: int):
     limit = _IN_FLIGHT_PER_WORKER * workers
     taken = submitted = 0
+    finished = False
     try:
         for index, docs in enumerate(chunks(documents)):
             if index - taken == limit:  # bounded: read ahead at most `limit` chunks
@@ -151,5 +180,6 @@ def _in_order(pool: _Pool, documents: Iterable[str], workers: int):
             submitted = index + 1
         for index in range(taken, submitted):
             yield pool.result(index)
+        finished = True
     finally:
-        pool.close()
+        pool.close(finished)

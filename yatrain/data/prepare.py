@@ -5,11 +5,15 @@ streaming both times: documents go in chunks to the tokenizer workers and shards
 as they fill. ``val_fraction`` of the documents (chosen by their content, ``split.held_out``)
 go to a validation split instead, which a trained tokenizer never sees. Everything is built
 in a hidden temporary directory that is renamed into place only when the manifest is
-written; any failure removes it.
+written; any failure removes it, and so does SIGTERM or Ctrl-C (the CLI turns SIGTERM into an
+interrupt): the workers end and one line says so. The temporary directory holds a lock while
+it is in use, so the ones of an earlier run that was killed are recognised and removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -25,13 +29,14 @@ from tqdm import tqdm
 from yatrain.data.corpus import Corpus, ReadStats
 from yatrain.data.parallel import default_workers, encode_stream
 from yatrain.data.shards import FORMAT, MANIFEST, ShardWriter, token_dtype
-from yatrain.data.split import DEFAULT_VAL_FRACTION, held_out
+from yatrain.data.split import DEFAULT_VAL_FRACTION, Packed, held_out
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.data.tokenizer_formats import load_tokenizer
 from yatrain.data.tokenizer_sentencepiece import train_tokenizer
-from yatrain.errors import DataError
+from yatrain.errors import DataError, Interrupted
 
 _LISTED_FILES = 5  # skipped files named in the summary line (the manifest has them all)
+_TMP_LOCK = ".prepare.lock"  # held in the temporary directory while it is being written
 
 
 def prepare_data(
@@ -68,23 +73,29 @@ def prepare_data(
     if next(corpus.documents(), None) is None:
         raise DataError("the inputs contain no text (no non-empty documents): check --input")
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp, lock = _temporary(output)
     try:
         tok, names = _store_tokenizer(tmp, corpus, source, vocab_size, progress, val_fraction)
         manifest = {"format": FORMAT, **tok.describe(), "tokenizer_files": names}
         options = _Options(shard_tokens, workers, encode_threads, progress, val_fraction)
         manifest = _tokenize(tmp, manifest, corpus, tok, options)
+        (tmp / _TMP_LOCK).unlink()
         try:
             os.rename(tmp, output)  # atomic; replaces ``output`` only if it is an empty dir
         except OSError:
             raise DataError(
                 f"output {output} appeared while preparing data: choose another directory"
             ) from None
+    except KeyboardInterrupt:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise Interrupted(
+            f"prepare-data stopped; nothing was written (removed {tmp.name}): rerun it"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
     return manifest
 
 
@@ -102,12 +113,50 @@ def _check_arguments(
         raise DataError("--bos-token/--eos-token choose tokens of an existing --tokenizer")
     if shard_tokens < 1:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
-    workers = default_workers() if workers is None else workers
-    if workers < 1:
-        raise DataError(f"--workers must be at least 1, got {workers}")
+    cpus = default_workers()
+    workers = cpus if workers is None else workers
+    if not 1 <= workers <= cpus:
+        raise DataError(
+            f"--workers {workers}: pass 1 to {cpus} (the CPUs this process may use); more "
+            "workers than CPUs only slow it down"
+        )
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DataError(f"output {output} already exists: choose another directory or delete it")
     return workers
+
+
+def _temporary(output: Path) -> tuple[Path, int]:
+    """A new hidden directory next to ``output``, and the lock held on it while in use
+    (those of killed earlier runs removed first)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    for line in remove_stale_temporaries(output):
+        print(line, file=sys.stderr)
+    tmp = output.parent / f".tmp-{output.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    lock = os.open(tmp / _TMP_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return tmp, lock
+
+
+def remove_stale_temporaries(output: Path) -> list[str]:
+    """Remove the temporary directories of earlier runs for ``output`` that were killed
+    (their lock is free); name those that cannot be told apart from a live run's."""
+    lines = []
+    for tmp in sorted(output.parent.glob(f".tmp-{output.name}-*")):
+        try:
+            lock = os.open(tmp / _TMP_LOCK, os.O_RDWR)
+        except OSError:
+            lines.append(f"note: {tmp} was left by an earlier prepare-data: delete it if no "
+                         "prepare-data is running")  # fmt: skip
+            continue
+        try:
+            with contextlib.suppress(BlockingIOError):  # held: another run is writing it
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(tmp, ignore_errors=True)
+                lines.append(f"removed {tmp}, left by an earlier prepare-data that was stopped")
+        finally:
+            os.close(lock)
+    return lines
 
 
 def _store_tokenizer(
@@ -196,19 +245,26 @@ def tokenize_into(
     bar = tqdm(
         desc="tokenizing", unit="tok", unit_scale=True, file=sys.stderr, disable=not progress
     )
-    for chunk in stream:
-        for writer, split, tokens, docs in [
-            (writers[0], train, chunk.train, chunk.train_documents),
-            (writers[1], val, chunk.val, chunk.val_documents),
-        ]:
-            writer.write(tokens)
-            split.num_documents += docs
-            split.num_tokens += len(tokens)
-            bar.update(len(tokens))
-        bar.set_postfix(docs=f"{train.num_documents + val.num_documents:,}", refresh=False)
+    with contextlib.closing(stream):  # ends the workers at once if this stops early
+        for chunk in stream:
+            _write_chunk(chunk, writers, (train, val), bar)
     bar.close()
     train.files, val.files = writers[0].close(), writers[1].close()
     return Tokenized(train, val, time.perf_counter() - start)
+
+
+def _write_chunk(chunk: Packed, writers: tuple, splits: tuple[Split, Split], bar: tqdm) -> None:
+    """One tokenized chunk into the training and validation shards."""
+    train, val = splits
+    for writer, split, tokens, docs in [
+        (writers[0], train, chunk.train, chunk.train_documents),
+        (writers[1], val, chunk.val, chunk.val_documents),
+    ]:
+        writer.write(tokens)
+        split.num_documents += docs
+        split.num_tokens += len(tokens)
+        bar.update(len(tokens))
+    bar.set_postfix(docs=f"{train.num_documents + val.num_documents:,}", refresh=False)
 
 
 def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options: _Options) -> dict:
@@ -232,6 +288,7 @@ def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options
         "skipped_bad_records": stats.bad_records,
         "first_bad_record": stats.first_bad_record,
         "skipped_files": [{"path": path, "reason": why} for path, why in stats.not_text],
+        "empty_documents": stats.empty_documents,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     workers = options.workers
@@ -261,6 +318,8 @@ def _held_out(done: Tokenized, val_fraction: float) -> str:
 
 def _skipped(stats: ReadStats) -> str:
     parts = []
+    if stats.empty_documents:
+        parts.append(f"; dropped {stats.empty_documents:,} empty (whitespace-only) document(s)")
     if stats.bad_records:
         parts.append(
             f"; skipped {stats.bad_records:,} bad record(s), the first: {stats.first_bad_record}"

@@ -1,6 +1,7 @@
 """Reading one input file as documents: plain text, JSONL or parquet, optionally gzip/zstd.
 
-What a file is comes from its content: parquet and the compressions by their magic bytes;
+What a file is comes from its content: parquet and the compressions by their magic bytes (a
+file named ``.gz`` or ``.zst`` that is not compressed so is refused);
 text is valid UTF-8 with no NUL byte in its first 8 KiB. The record format inside comes from
 the name without the compression suffix: ``.jsonl`` (one ``{"text": ...}`` object per line),
 ``.txt`` (documents separated by blank lines), anything else one document per file.
@@ -132,10 +133,15 @@ def classify(path: Path) -> InputFile | NotText:
         compression = "gzip"
     elif magic == _ZSTD_MAGIC:
         compression = "zstd"
-    if compression:
-        stem, suffix = name.rsplit(".", 1) if "." in name else (name, "")
-        if _COMPRESSION_SUFFIXES.get(f".{suffix}") == compression:
-            name = stem
+    stem, suffix = name.rsplit(".", 1) if "." in name else (name, "")
+    named = _COMPRESSION_SUFFIXES.get(f".{suffix}")
+    if named is not None and named != compression:
+        raise DataError(
+            f"{path} is named .{suffix} but is not {named}-compressed (its first bytes are "
+            f"{magic!r}): rename it without .{suffix}, or compress it"
+        )
+    if compression and named == compression:
+        name = stem
     if name.endswith(".parquet"):
         why = (
             f"{compression}-compressed parquet is not read (parquet compresses internally)"
@@ -225,8 +231,8 @@ def _jsonl(path: Path, stream, field: str) -> Iterator[str | BadRecord]:
         bad = _surrogate(text)
         if bad is not None:
             yield BadRecord(where, bad)
-        elif text.strip():
-            yield text
+        else:
+            yield text  # whitespace-only documents are dropped (and counted) by the corpus
 
 
 def _surrogate(text: str) -> str | None:
@@ -263,8 +269,7 @@ def _whole(path: Path, stream) -> Iterator[str | BadRecord]:
     except UnicodeDecodeError as e:
         yield BadRecord(str(path), _utf8_reason(e, data))
         return
-    if text.strip():
-        yield text
+    yield text
 
 
 def _parquet(path: Path, field: str) -> Iterator[str | BadRecord]:
@@ -305,7 +310,7 @@ def _parquet(path: Path, field: str) -> Iterator[str | BadRecord]:
                     yield BadRecord(f"{path}: row {row}", text.reason)
                 elif text is None:
                     yield BadRecord(f"{path}: row {row}", f"{field!r} is null")
-                elif text.strip():
+                else:
                     yield text
     except (pa.ArrowException, OSError) as e:
         yield BadRecord(f"{path}: after row {row}", f"unreadable parquet ({_first_line(e)})")

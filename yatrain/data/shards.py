@@ -175,10 +175,21 @@ def load_manifest(path: Path) -> dict:
     """The checked manifest of the data directory ``path``."""
     path = Path(path)
     if not (path / MANIFEST).is_file():
-        raise DataError(
-            f"no tokenized data at {path}: run `yatrain prepare-data --output {path}` first"
-        )
+        raise DataError(_no_data(path))
     return _load_manifest(path / MANIFEST)
+
+
+def _no_data(path: Path) -> str:
+    """What to run when ``path`` is not a tokenized data directory: raw documents are
+    tokenized into a new directory next to them (prepare-data never writes into one)."""
+    if path.is_file() or (path.is_dir() and any(path.iterdir())):
+        out = path.with_name(f"{path.stem if path.is_file() else path.name}-tokenized")
+        return (
+            f"{path} is not tokenized data (it has no {MANIFEST}): tokenize it with `yatrain "
+            f"prepare-data --input {path} --output {out} --tokenizer TOKENIZER` (the training "
+            f"data's tokenizer) and use {out}"
+        )
+    return f"no tokenized data at {path}: run `yatrain prepare-data --output {path}` first"
 
 
 def has_validation(manifest: dict) -> bool:

@@ -91,7 +91,9 @@ def choose(
         logits[vocab_limit:] = -float("inf")
     if sampling.temperature == 0:
         return int(logits.argmax())
-    logits /= sampling.temperature
+    # From the largest logit down, in float64: a tiny temperature then sends the others to
+    # -inf (greedy in the limit), never the largest to inf (which softmax turns into NaN).
+    logits = (logits.double() - logits.max()) / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[0]:
         kth = torch.topk(logits, sampling.top_k).values[-1]
         logits[logits < kth] = -float("inf")

@@ -26,6 +26,7 @@ from yatrain.train.record import (
     read_metrics,
     steady_means,
 )
+from yatrain.train.rundir import LOCK_FILE
 
 MEASURED = ("tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s")
 
@@ -88,6 +89,7 @@ def run_config(
     if run_dir.exists():  # an interrupted attempt: start it again from scratch
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
+    (run_dir / LOCK_FILE).touch()  # a run directory (pretrain refuses other non-empty ones)
     code, output = launch(
         config_command(recipe_path, config, run_dir, nproc, warmup), run_dir / "output.log"
     )

@@ -227,7 +227,10 @@ def prune(root: Path, keep: int, current: Path | None = None) -> None:
     kept = 0
     for path in complete_checkpoints(root):
         if kept >= keep:
-            shutil.rmtree(path, ignore_errors=True)
+            if path.is_symlink():  # a link put there: removed, what it points to is not
+                path.unlink()
+            else:
+                shutil.rmtree(path, ignore_errors=True)
             continue
         if path != current:
             try:

@@ -8,6 +8,7 @@ starts with BOS, as every training document does.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -38,11 +39,14 @@ def check_sampling(max_new_tokens: int, sampling: Sampling) -> None:
     """Sampling options a user can get wrong, as one line each."""
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    if sampling.temperature < 0:
-        raise ConfigError(f"--temperature must be 0 (greedy) or more, got {sampling.temperature}")
+    if not math.isfinite(sampling.temperature) or sampling.temperature < 0:
+        raise ConfigError(
+            f"--temperature must be 0 (greedy) or a finite positive number, got "
+            f"{sampling.temperature}"
+        )
     if sampling.top_k is not None and sampling.top_k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {sampling.top_k}")
-    if not 0 < sampling.top_p <= 1:
+    if not 0 < sampling.top_p <= 1:  # NaN too
         raise ConfigError(f"--top-p must be above 0 and at most 1, got {sampling.top_p}")
 
 

@@ -127,6 +127,11 @@ def _weight_map(source: Path) -> dict[str, str]:
         raise ConfigError(f"{where}: its safetensors index is unreadable ({error})") from None
     files = set(weight_map.values()) if isinstance(weight_map, dict) else {None}
     for file in files:
-        if not isinstance(file, str) or "/" in file or not (source / file).is_file():
+        if not isinstance(file, str) or "/" in file or "\\" in file or file in ("", ".", ".."):
+            raise ConfigError(
+                f"{where}: its index names {file!r}, which is not a file name inside the "
+                "directory (weights are read only from the directory itself): fix the index"
+            )
+        if not (source / file).is_file():
             raise ConfigError(f"{where}: the weight file {file!r} is missing")
     return weight_map

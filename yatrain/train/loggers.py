@@ -16,7 +16,7 @@ from tqdm import tqdm
 from yatrain.config import Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.train.record import MetricsFile, MetricsRecord
 from yatrain.train.report import format_summary, log_line
-from yatrain.train.resume import truncate_metrics
+from yatrain.train.resume import truncate_metrics, write_config
 from yatrain.train.runtime import Runtime
 from yatrain.train.wandb_logger import WandbLogger
 
@@ -114,7 +114,9 @@ class Loggers:
         if not self.active:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(recipe_to_yaml(recipe))
+        kept = write_config(run_dir / "config.yaml", recipe_to_yaml(recipe))
+        if kept is not None:
+            self.say(f"{run_dir} had another config.yaml: kept it as {kept.name}")
         moved = truncate_metrics(run_dir / "metrics.jsonl", start_step)
         if moved is not None:
             self.say(f"{run_dir} had metrics but no checkpoint: kept them as {moved.name}")

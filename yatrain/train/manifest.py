@@ -95,6 +95,8 @@ def open_checkpoint(
 def read_manifest(path: Path) -> dict:
     """The manifest of ``path``, checked against its schema (CorruptCheckpoint if not)."""
     manifest_path = path / MANIFEST
+    if manifest_path.is_symlink():
+        raise CorruptCheckpoint(f"checkpoint {path}: {MANIFEST} is a symbolic link: refused")
     if not manifest_path.is_file():
         raise CheckpointError(f"{path} is not a complete yatrain checkpoint (no {MANIFEST})")
     try:
@@ -171,6 +173,11 @@ def check_files(path: Path, manifest: dict) -> None:
     """Every listed file present at its size, and DCP's index safe and within the listing."""
     for name, expect in manifest["files"].items():
         file = path / name
+        if file.is_symlink():  # checked first: nothing about the file it points to is told
+            raise CorruptCheckpoint(
+                f"checkpoint {path}: {name} is a symbolic link; a checkpoint holds its own "
+                "files only: refused"
+            )
         if not file.is_file():
             raise CorruptCheckpoint(f"checkpoint {path} is missing {name}")
         if file.stat().st_size != expect["bytes"]:

@@ -8,12 +8,20 @@ shapes and memory events. On CUDA each rank also writes a memory snapshot,
 ``memory-rank{R}-steps{A}-{B}.pickle``, which https://pytorch.org/memory_viz draws (the
 allocator's history over those steps, recorded with ``torch.cuda.memory``'s documented
 ``_record_memory_history`` / ``_dump_snapshot``, the calls torchtitan uses).
+
+The profiler's C++ parts print notices of their own to stderr (kineto's ``USDT:`` start and
+stop markers, the allocator's note on blocks allocated before tracing began), which no
+setting turns off once torch is loaded: while tracing, stderr goes to a file and is replayed
+without them when tracing ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 WARMUP_STEPS = 2
+_NOISE = re.compile(r"^USDT:|CPUAllocator\.cpp.*allocated before the profiling started")
 SNAPSHOT_ENTRIES = 100_000  # allocator events kept for the memory snapshot
 
 
@@ -33,6 +42,7 @@ class StepProfiler:
         self.last = self.first + steps - 1 if steps else -1
         self.out_dir, self.rank, self.device, self.say = run_dir / "profile", rank, device, say
         self.profiler: profile | None = None
+        self.quiet: _QuietStderr | None = None
         self.current = self.first
 
     @contextlib.contextmanager
@@ -63,11 +73,17 @@ class StepProfiler:
         if cuda:
             torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES)
         self.profiler = profile(activities=activities, record_shapes=True, profile_memory=True)
+        self.quiet = _QuietStderr()
         self.profiler.start()
 
     def _finish(self) -> None:
         profiler, self.profiler = self.profiler, None
-        profiler.stop()
+        try:
+            profiler.stop()
+        finally:
+            if self.quiet is not None:
+                self.quiet.restore()
+                self.quiet = None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         name = f"rank{self.rank}-steps{self.first}-{self.last}"
         trace = self.out_dir / f"trace-{name}.json"
@@ -86,3 +102,25 @@ def _write(path: Path, export: Callable[[str], None]) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     export(str(tmp))
     os.replace(tmp, path)
+
+
+class _QuietStderr:
+    """File descriptor 2 into a temporary file until ``restore``, which writes its lines
+    back to stderr, less the profiler's own notices (``_NOISE``)."""
+
+    def __init__(self) -> None:
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.file = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in restore()
+        os.dup2(self.file.fileno(), 2)
+
+    def restore(self) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        text = self.file.read().decode(errors="replace")
+        self.file.close()
+        kept = [line for line in text.splitlines(keepends=True) if not _NOISE.search(line)]
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()

@@ -8,6 +8,13 @@ it writes anything until it exits: a second run on the same directory is refused
 line naming the holder (its PID and host are written into the file). The kernel releases
 the lock when the holder exits in any way, a crash or SIGKILL included, so a stale lock
 never blocks a restart.
+
+A directory that is not empty and holds no lock file is not a yatrain run and is refused
+(a run would overwrite its ``config.yaml``). A ``checkpoint.dir`` outside the run directory
+is locked with it and records its owner (``.yatrain-owner``): a run never resumes from or
+prunes a checkpoint directory another run owns (``--resume PATH`` reads one explicitly).
+A run that fails to start leaves nothing behind: its lock file goes, and so does the run
+directory when nothing else is in it.
 """
 
 from __future__ import annotations
@@ -21,20 +28,36 @@ import time
 from pathlib import Path
 
 from yatrain.errors import ConfigError
+from yatrain.train.manifest import complete_checkpoints
 
 LOCK_FILE = ".yatrain.lock"
+OWNER_FILE = ".yatrain-owner"  # in a checkpoint.dir outside its run: the run that owns it
 
 
 def run_dir_for(resume: str, run_dir: Path | None, recipe_name: str, ckpt_dirname: str) -> Path:
     """The run directory: given, or the run that holds ``--resume PATH``, or a new default
     one (created here, so that it is unique)."""
+    if resume not in ("auto", "never"):
+        check_resume_path(Path(resume), ckpt_dirname)
     if run_dir is not None:
         return run_dir
     if resume not in ("auto", "never"):
         path = Path(resume)
-        if path.parent.name == ckpt_dirname:
+        if path.parent.name == ckpt_dirname and (path.parent.parent / LOCK_FILE).exists():
             return path.parent.parent
     return default_run_dir(recipe_name)
+
+
+def check_resume_path(path: Path, ckpt_dirname: str) -> None:
+    """``--resume`` names a checkpoint, not a run directory (say how to continue one)."""
+    if (path / LOCK_FILE).exists():
+        checkpoints = path / ckpt_dirname
+        newest = complete_checkpoints(checkpoints)
+        example = newest[0] if newest else checkpoints / "step-N"
+        raise ConfigError(
+            f"--resume {path} is a run directory, not a checkpoint: continue that run with "
+            f"--run-dir {path} --resume auto, or name one of its checkpoints (--resume {example})"
+        )
 
 
 def default_run_dir(recipe_name: str, root: Path = Path("runs")) -> Path:
@@ -57,6 +80,21 @@ def check_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"--run-dir {run_dir} is a file, not a directory: pass a directory")
 
 
+def check_is_run_dir(run_dir: Path) -> None:
+    """Refuse a non-empty directory that no yatrain run made (it has no lock file)."""
+    if run_dir.is_dir() and not (run_dir / LOCK_FILE).exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"--run-dir {run_dir} is not empty and is not a yatrain run directory (no "
+            f"{LOCK_FILE}): pass a new or empty directory"
+        )
+
+
+def outside(checkpoint_dir: Path, run_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` (absolute, or relative to the run) leaves the run directory."""
+    inner = (run_dir / checkpoint_dir).resolve()
+    return not inner.is_relative_to(run_dir.resolve())
+
+
 def check_fresh_start_allowed(run_dir: Path, resume: str) -> None:
     if resume == "never" and (run_dir / "metrics.jsonl").exists():
         raise ConfigError(
@@ -68,39 +106,96 @@ def check_fresh_start_allowed(run_dir: Path, resume: str) -> None:
 class RunDirLock:
     """The exclusive lock on a run directory (see the module docstring)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, checkpoint_dir: Path | None = None) -> None:
         check_run_dir(run_dir)
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.fd: int | None = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise ConfigError(
-                f"cannot use {run_dir} as the run directory ({error.strerror}): pass another "
-                "--run-dir"
-            ) from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = self._holder()
-            self.release()
-            raise ConfigError(
-                f"run directory {run_dir} is in use by another run ({holder}): wait for it to "
-                "finish or stop it, or pass another --run-dir"
-            ) from None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, json.dumps(me).encode(), 0)
+        check_is_run_dir(run_dir)
+        self.run_dir, self.fd, self.owned_fd = run_dir, _lock(run_dir, "run directory"), None
+        self.owned = None  # a checkpoint.dir outside the run directory
+        if checkpoint_dir is not None and outside(checkpoint_dir, run_dir):
+            self.owned = run_dir / checkpoint_dir
+            try:
+                self.owned_fd = _claim_checkpoint_dir(self.owned, run_dir)
+            except BaseException:
+                self.release(started=False)
+                raise
 
-    def _holder(self) -> str:
-        try:
-            info = json.loads(os.pread(self.fd, 4096, 0) or b"{}")
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
-            return f"PID {info['pid']} on {info['host']}, since {since}"
-        except (OSError, ValueError, KeyError, TypeError):
-            return "holder unknown"
+    def release(self, started: bool = True) -> None:
+        """Let the next run in (also done by the kernel when this process exits). A run
+        that did not start (``started=False``) removes its lock file, and the run directory
+        when nothing else is in it."""
+        if not started and self.fd is not None:
+            _remove_if_unused(self.run_dir, {LOCK_FILE})
+            if self.owned_fd is not None:
+                _remove_if_unused(self.owned, {LOCK_FILE, OWNER_FILE})
+        for fd in (self.fd, self.owned_fd):
+            if fd is not None:
+                os.close(fd)  # closing the only descriptor releases the flock
+        self.fd = self.owned_fd = None
 
-    def release(self) -> None:
-        """Let the next run in (also done by the kernel when this process exits)."""
-        if self.fd is not None:
-            os.close(self.fd)  # closing the only descriptor releases the flock
-            self.fd = None
+
+def _remove_if_unused(folder: Path, ours: set[str]) -> None:
+    """Remove ``folder`` when it holds only our bookkeeping files ``ours``."""
+    with contextlib.suppress(OSError):
+        if {p.name for p in folder.iterdir()} <= ours:
+            for name in ours:
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+
+
+def _lock(folder: Path, what: str) -> int:
+    """An exclusive flock on ``folder/.yatrain.lock`` (created with the folder), holding
+    this process's PID and host; one line naming the holder when another run has it."""
+    other = "--run-dir" if what == "run directory" else "checkpoint.dir"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use {folder} as the {what} ({error.strerror}): pass another {other}"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise ConfigError(
+            f"{what} {folder} is in use by another run ({holder}): wait for it to finish or "
+            f"stop it, or pass another {other}"
+        ) from None
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    return fd
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
+        return f"PID {info['pid']} on {info['host']}, since {since}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
+def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
+    """Lock a checkpoint directory outside its run and make sure this run owns it: one
+    that records another owner, or holds checkpoints no run claims, is refused."""
+    fd = _lock(folder, "checkpoint directory")
+    me, owner_file = str(run_dir.resolve()), folder / OWNER_FILE
+    try:
+        owner = json.loads(owner_file.read_text())["run_dir"] if owner_file.exists() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        owner = "an unreadable owner"
+    others = [p.name for p in folder.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE)]
+    if owner is None and others:
+        owner = "no run (it holds files of its own)"
+    if owner is not None and owner != me:
+        os.close(fd)
+        raise ConfigError(
+            f"checkpoint.dir {folder} belongs to {owner}, not to this run ({me}): set "
+            "another checkpoint.dir (to start from one of its checkpoints, pass --resume "
+            f"{folder}/step-N)"
+        )
+    if owner is None:
+        owner_file.write_text(json.dumps({"run_dir": me}) + "\n")
+    return fd

@@ -103,7 +103,6 @@ def setup(
         recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
     )
     run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
-    check_fresh_start_allowed(run_dir, resume)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     checkpointer = compiler = None
     try:
@@ -135,7 +134,7 @@ def setup(
         if compiler is not None:
             compiler.close()
         if lock is not None:
-            lock.release()
+            lock.release(started=False)
         raise
     parts = (loader, model, engine, optimizer, checkpointer, loggers, meter, profiler, evaluator)
     return Run(recipe, runtime, run_dir, *parts, lock, watchdog, compiler, start_step, skipped)
@@ -161,17 +160,22 @@ def _layout(engine: ShardedEngine) -> str:
 def claim_run_dir(
     runtime: Runtime, resume: str, run_dir: Path | None, recipe_name: str, ckpt_dirname: str
 ) -> tuple[Path, RunDirLock | None]:
-    """Rank 0 picks the run directory and locks it; every rank gets the path, or the same
-    one-line error (a file in the way, another run holding it)."""
+    """Rank 0 picks the run directory and locks it (and a checkpoint directory outside it);
+    every rank gets the path, or the same one-line error (a file in the way, another run
+    holding it or the checkpoint directory, a directory that is not a run)."""
     answer: object = None
     lock = None
     if runtime.is_main:
         try:
             path = run_dir_for(resume, run_dir, recipe_name, ckpt_dirname)
             check_run_dir(path)
-            lock = RunDirLock(path)
+            lock = RunDirLock(path, Path(ckpt_dirname))
+            check_fresh_start_allowed(path, resume)
             answer = str(path)
         except ConfigError as error:
+            if lock is not None:
+                lock.release(started=False)
+                lock = None
             answer = error
     answer = runtime.broadcast_object(answer)
     if isinstance(answer, ConfigError):

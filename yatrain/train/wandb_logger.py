@@ -78,11 +78,14 @@ class WandbLogger:
         say: Callable[[str], None] = print,
     ) -> None:  # fmt: skip
         self.mode, note = resolve_mode(cfg.mode)
-        self.run = None
+        self.run, self.say = None, say
         if note:
             say(note + f" (upload later: wandb sync {run_dir}/wandb/offline-run-*)")
         if self.mode == "disabled":
             return
+        if not os.environ.get("HOME") and not os.environ.get("XDG_CACHE_HOME"):
+            # wandb-core prints its own log to stderr when it has no cache directory
+            os.environ["XDG_CACHE_HOME"] = str(run_dir / "wandb" / "cache")
         import wandb  # imported lazily: it is slow and unused when disabled
 
         # One W&B run per run directory: a resumed or restarted job continues it.
@@ -95,13 +98,13 @@ class WandbLogger:
             self.run = self._init(wandb, args, cfg.mode == "auto")
         except Exception as error:  # wandb raises its own CommError, UsageError, ...
             if self.mode != "online" or cfg.mode != "auto":
-                raise YatrainError(
-                    f"W&B could not start a {self.mode} run ({_first_line(error)}): check "
-                    "WANDB_API_KEY and the network, or set logging.wandb.mode=offline"
-                ) from None
+                raise _start_failure(self.mode, error) from None
             say(f"wandb: online start failed ({_first_line(error)}): logging offline instead")
             self.mode = "offline"
-            self.run = self._init(wandb, args, False)
+            try:
+                self.run = self._init(wandb, args, False)
+            except Exception as error:  # a server that answers but refuses, a wandb bug
+                raise _start_failure(self.mode, error) from None
 
     def _init(self, wandb, args: dict, bounded: bool):
         options = {"init_timeout": INIT_TIMEOUT_S} if bounded and self.mode == "online" else {}
@@ -110,16 +113,34 @@ class WandbLogger:
 
     def log(self, metrics: dict, step: int) -> None:
         if self.run is not None:
-            self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
+            values = {k: v for k, v in metrics.items() if v is not None}
+            self._guarded(lambda: self.run.log(values, step=step))
 
     def summary(self, values: dict) -> None:
         if self.run is not None:
-            self.run.summary.update(values)
+            self._guarded(lambda: self.run.summary.update(values))
 
     def finish(self) -> None:
         if self.run is not None:
-            self.run.finish()
+            self._guarded(self.run.finish)
             self.run = None
+
+    def _guarded(self, call: Callable[[], object]) -> None:
+        """A W&B failure mid-run stops W&B logging with one line, never the training
+        (metrics.jsonl keeps every record)."""
+        try:
+            call()
+        except Exception as error:  # wandb raises its own ServerResponseError, CommError, ...
+            self.run = None
+            self.say(f"warning: wandb failed ({_first_line(error)}): W&B logging stopped; "
+                     "metrics.jsonl keeps every record")  # fmt: skip
+
+
+def _start_failure(mode: str, error: BaseException) -> YatrainError:
+    return YatrainError(
+        f"W&B could not start a {mode} run ({_first_line(error)}): check WANDB_API_KEY and "
+        "the network, or set logging.wandb.mode=offline (or disabled)"
+    )
 
 
 def _first_line(error: BaseException) -> str:

@@ -71,6 +71,7 @@ def export_hf(
         (tmp / "generation_config.json").write_text(
             json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=1)
         )
+        _same_permissions(tmp, tmp / "config.json")
         if output.exists():
             output.rmdir()
         os.replace(tmp, output)
@@ -84,6 +85,14 @@ def default_export_dtype(cfg: ModelConfig, trained: str) -> str:
     """bf16 for models over 1B parameters (as Meta publishes them: half the bytes of fp32),
     else the dtype the run trained in."""
     return "bf16" if count_parameters(cfg) > BF16_ABOVE else trained
+
+
+def _same_permissions(folder: Path, like: Path) -> None:
+    """Every file of ``folder`` with the permissions of ``like`` (a file written the usual
+    way): safetensors writes its files readable by their owner only."""
+    mode = like.stat().st_mode & 0o777
+    for file in folder.iterdir():
+        os.chmod(file, mode)
 
 
 def _remove_stale_exports(output: Path) -> None:
