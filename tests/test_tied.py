@@ -7,8 +7,10 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import PLANNER_TOLERANCE
 from distributed import run_ranks
 from test_engine import CFG, SEED, batches, loss_of, max_rel, optimizer_for, weights_rel
+from test_plan import _measure, _warm_tracker, planned, small_recipe  # noqa: F401 (autouse fixture: warms the tracker)
 
 from yatrain.models.llama import build_model, count_parameters, flops_per_token, materialize
 from yatrain.plan.memory import engine_state_bytes
@@ -96,3 +98,15 @@ def test_tied_model_shares_one_parameter_and_counts_it_once():
     tied, untied = (engine_state_bytes(c, 2, "bf16", "fp32", 1) for c in (TIED, CFG))
     assert untied["master_weights"] - tied["master_weights"] == 4 * table // 2
     assert untied["optimizer_state"] - tied["optimizer_state"] == 8 * table // 2
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_planner_matches_measured_memory_of_a_tied_model(dtype):
+    """The shared weight's state counted once: resident state and step peak within the
+    planner's tolerance of the live-tensor count at world size 2."""
+    rec = small_recipe(dtype, 0)
+    rec.model.tie_embeddings = True
+    resident, step_peak = run_ranks(2, _measure, rec)[0]
+    planned_resident, planned_step, _ = planned(rec, 2, 0)
+    assert planned_resident == pytest.approx(resident, rel=PLANNER_TOLERANCE)
+    assert planned_step == pytest.approx(step_peak, rel=PLANNER_TOLERANCE)
