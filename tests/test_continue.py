@@ -20,7 +20,7 @@ from tokenizer_fixtures import write_hf
 
 from yatrain.config import load_recipe
 from yatrain.data import default_corpus_files, load_tokenizer, prepare_data
-from yatrain.errors import DataError
+from yatrain.errors import ConfigError, DataError
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
 from yatrain.train import weights as export_module
@@ -225,3 +225,12 @@ def test_the_model_directory_s_tokenizer_goes_through_data_training_and_export(t
     mismatched = recipe("llama3_2", f"data.path={data}", f"data.tokenizer={other}")
     with pytest.raises(DataError, match="is not the tokenizer the data"):
         pretrain(mismatched, run_dir=tmp_path / "run2", steps=1, progress=False)
+
+
+def test_rope_scaling_keys_are_checked():
+    with pytest.raises(ConfigError, match="high_freq_factor' must exceed low_freq_factor"):
+        recipe("llama3_1", "data.path=x", "model.rope_scaling.high_freq_factor=1.0")
+    with pytest.raises(ConfigError, match="model.rope_scaling.factor"):
+        recipe("llama3_1", "data.path=x", "model.rope_scaling.factor=0")
+    with pytest.raises(ConfigError, match="model.rope_scaling.rope_type.*yarn"):
+        recipe("llama3_1", "data.path=x", "model.rope_scaling.rope_type=yarn")
