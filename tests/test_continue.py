@@ -20,13 +20,15 @@ from tokenizer_fixtures import write_hf
 
 from yatrain.config import load_recipe
 from yatrain.data import default_corpus_files, load_tokenizer, prepare_data
-from yatrain.errors import DataError
+from yatrain.errors import ConfigError, DataError
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
 from yatrain.train import weights as export_module
 from yatrain.train.checkpoint import save_checkpoint
+from yatrain.train.generation import load_plain_model
 from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
+from yatrain.train.manifest import open_checkpoint
 from yatrain.train.optim import build_optimizer, ensure_state
 from yatrain.train.weights import default_export_dtype, export_hf, iter_checkpoint_weights
 
@@ -163,9 +165,14 @@ def test_trained_export_loads_in_transformers_and_agrees(kind, small_data, tmp_p
     weights = dict(iter_checkpoint_weights(tmp_path / "run/checkpoints/step-3"))
     ours = build_model(cfg.model).to_empty(device="cpu")
     ours.load_state_dict(weights)
+    # What `yatrain generate` builds from the checkpoint: the same model.
+    saved = open_checkpoint(tmp_path / "run/checkpoints/step-3")
+    plain = load_plain_model(saved, torch.device("cpu"), torch.float32)
     x = tokens(cfg)
     with torch.no_grad():
-        assert (theirs(x).logits - ours.eval()(x)).abs().max() < 1e-5
+        want = theirs(x).logits
+        assert (want - ours.eval()(x)).abs().max() < 1e-5
+        assert (want - plain(x)).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("kind", ["llama3_1", "llama3_2"])
@@ -218,3 +225,12 @@ def test_the_model_directory_s_tokenizer_goes_through_data_training_and_export(t
     mismatched = recipe("llama3_2", f"data.path={data}", f"data.tokenizer={other}")
     with pytest.raises(DataError, match="is not the tokenizer the data"):
         pretrain(mismatched, run_dir=tmp_path / "run2", steps=1, progress=False)
+
+
+def test_rope_scaling_keys_are_checked():
+    with pytest.raises(ConfigError, match="high_freq_factor' must exceed low_freq_factor"):
+        recipe("llama3_1", "data.path=x", "model.rope_scaling.high_freq_factor=1.0")
+    with pytest.raises(ConfigError, match="model.rope_scaling.factor"):
+        recipe("llama3_1", "data.path=x", "model.rope_scaling.factor=0")
+    with pytest.raises(ConfigError, match="model.rope_scaling.rope_type.*yarn"):
+        recipe("llama3_1", "data.path=x", "model.rope_scaling.rope_type=yarn")

@@ -35,6 +35,7 @@ class RopeScaling:
     low_freq_factor: float = _limit(1.0, gt=0)
     high_freq_factor: float = _limit(4.0, gt=0)  # > low_freq_factor
     original_max_position_embeddings: int = _limit(8192, ge=1)  # the pretraining context
+    rope_type: Literal["llama3"] = "llama3"  # config.json's spelling; the only type read
 
 
 @dataclass(kw_only=True)

@@ -97,8 +97,8 @@ class HFSource:
 
     def report(self) -> str:
         return (
-            f"init_from {self.source}: this rank read {format_bytes(self.bytes_read)} of the "
-            f"model's {format_bytes(self.total_bytes)}"
+            f"init_from {self.source}: this rank read {format_bytes(self.bytes_read)} of its "
+            f"{format_bytes(self.total_bytes)} of weight files (its shard's rows and the norms)"
         )
 
 
