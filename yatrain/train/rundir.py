@@ -190,7 +190,13 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
         owner = "an unreadable owner"
     others = [p.name for p in folder.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE)]
     if owner is None and others:
-        owner = "no run (it holds files of its own)"
+        os.close(fd)
+        raise ConfigError(
+            f"checkpoint.dir {folder} holds files but no {OWNER_FILE} naming the run that owns "
+            "it: set another checkpoint.dir (and --resume DIR/step-N to start from one), or, "
+            f'if it is this run\'s (an older yatrain\'s), write {{"run_dir": "{me}"}} into '
+            f"{folder / OWNER_FILE}"
+        )
     if owner is not None and owner != me:
         os.close(fd)
         raise ConfigError(
