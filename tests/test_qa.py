@@ -29,25 +29,51 @@ def test_1_a_checkpoint_dir_belongs_to_one_run(small_data, isolated_env, tmp_pat
     """An absolute checkpoint.dir is locked with its run and records its owner: another run
     naming it is refused (it neither resumes from it nor prunes it); --resume PATH reads it."""
     shared = tmp_path / "shared"
-    first = pretrain_args(small_data, tmp_path / "a", "--steps", "6", "--set=checkpoint.every=2",
-                          f"--set=checkpoint.dir={shared}")  # fmt: skip
+    first = pretrain_args(
+        small_data,
+        tmp_path / "a",
+        "--steps",
+        "6",
+        "--set=checkpoint.every=2",
+        f"--set=checkpoint.dir={shared}",
+    )
     assert yatrain(*first, env=isolated_env).returncode == 0
     assert _steps(shared) == ["step-4", "step-6"]
-    second = pretrain_args(small_data, tmp_path / "b", "--steps", "8", "--set=checkpoint.every=2",
-                           f"--set=checkpoint.dir={shared}")  # fmt: skip
-    one_line_error(yatrain(*second, env=isolated_env), f"checkpoint.dir {shared} belongs to",
-                   "--resume")  # fmt: skip
+    second = pretrain_args(
+        small_data,
+        tmp_path / "b",
+        "--steps",
+        "8",
+        "--set=checkpoint.every=2",
+        f"--set=checkpoint.dir={shared}",
+    )
+    one_line_error(
+        yatrain(*second, env=isolated_env), f"checkpoint.dir {shared} belongs to", "--resume"
+    )
     assert _steps(shared) == ["step-4", "step-6"] and not (tmp_path / "b").exists()
     # the owner continues as before
-    again = pretrain_args(small_data, tmp_path / "a", "--steps", "8", "--set=checkpoint.every=2",
-                          f"--set=checkpoint.dir={shared}")  # fmt: skip
+    again = pretrain_args(
+        small_data,
+        tmp_path / "a",
+        "--steps",
+        "8",
+        "--set=checkpoint.every=2",
+        f"--set=checkpoint.dir={shared}",
+    )
     result = yatrain(*again, env=isolated_env)
     assert result.returncode == 0 and "resumed from" in result.stderr, result.stderr[-2000:]
     assert _steps(shared) == ["step-6", "step-8"]
     # another run reads one explicitly, and prunes only its own
-    reader = pretrain_args(small_data, tmp_path / "c", "--steps", "12",
-                           "--set=checkpoint.every=2", "--set=checkpoint.keep=1",
-                           "--resume", str(shared / "step-8"))  # fmt: skip
+    reader = pretrain_args(
+        small_data,
+        tmp_path / "c",
+        "--steps",
+        "12",
+        "--set=checkpoint.every=2",
+        "--set=checkpoint.keep=1",
+        "--resume",
+        str(shared / "step-8"),
+    )
     result = yatrain(*reader, env=isolated_env)
     assert result.returncode == 0 and "resumed from" in result.stderr, result.stderr[-2000:]
     assert _steps(shared) == ["step-6", "step-8"]
@@ -60,8 +86,10 @@ def test_2_run_dir_that_is_not_a_run_is_refused_and_config_is_kept(
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "config.yaml").write_text("my own file\n")
-    one_line_error(yatrain(*pretrain_args(small_data, mine, "--steps", "1"), env=isolated_env),
-                   "is not a yatrain run directory")  # fmt: skip
+    one_line_error(
+        yatrain(*pretrain_args(small_data, mine, "--steps", "1"), env=isolated_env),
+        "is not a yatrain run directory",
+    )
     assert [p.name for p in mine.iterdir()] == ["config.yaml"]
     assert (mine / "config.yaml").read_text() == "my own file\n"
     run = tmp_path / "run"
@@ -84,10 +112,12 @@ def test_9_advice_that_works(small_data, isolated_env, tmp_path):
         yatrain(*pretrain_args(small_data, run, "--steps", "2"), env=isolated_env).returncode == 0
     )
     line = one_line_error(
-        yatrain(*pretrain_args(small_data, tmp_path / "new", "--resume", str(run)),
-                env=isolated_env),
-        "is a run directory, not a checkpoint", f"--run-dir {run} --resume auto",
-    )  # fmt: skip
+        yatrain(
+            *pretrain_args(small_data, tmp_path / "new", "--resume", str(run)), env=isolated_env
+        ),
+        "is a run directory, not a checkpoint",
+        f"--run-dir {run} --resume auto",
+    )
     assert str(run / "checkpoints" / "step-2") in line
     hf = tmp_path / "hf"
     step = str(run / "checkpoints" / "step-2")
@@ -102,8 +132,9 @@ def test_9_advice_that_works(small_data, isolated_env, tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     (raw / "docs.jsonl").write_text('{"text": "hello"}\n')
-    args = pretrain_args(small_data, tmp_path / "v", f"--set=data.val_path={raw}",
-                         "--set=eval.every=1")  # fmt: skip
+    args = pretrain_args(
+        small_data, tmp_path / "v", f"--set=data.val_path={raw}", "--set=eval.every=1"
+    )
     line = one_line_error(yatrain(*args, env=isolated_env), "is not tokenized data")
     assert f"--input {raw} --output {tmp_path / 'raw-tokenized'}" in line
 
@@ -124,12 +155,13 @@ def test_5_what_used_to_end_in_a_traceback_is_one_line(small_data, isolated_env,
         (["sweep", str(latin1), "--seq-len", "64"], "is not UTF-8 text"),
         (["plan", str(deep), "--gpus", "1"], "nested too deeply"),
         (["plan", "recipes/tiny.yaml", "--gpus", "1", "--set", nested], "nested too deeply"),
-        (pretrain_args(small_data, tmp_path / "r", f"--set=data.path={_long(tmp_path)}"),
-         "File name too long"),
+        (
+            pretrain_args(small_data, tmp_path / "r", f"--set=data.path={_long(tmp_path)}"),
+            "File name too long",
+        ),
         (pretrain_args(small_data, Path(_long(tmp_path))), "File name too long"),
-        (["prepare-data", "--output", _long(tmp_path), "--vocab-size", "64"],
-         "File name too long"),
-    ]:  # fmt: skip
+        (["prepare-data", "--output", _long(tmp_path), "--vocab-size", "64"], "File name too long"),
+    ]:
         one_line_error(yatrain(*args, env=isolated_env), needle)
 
 
@@ -184,8 +216,14 @@ def _strict(text: str) -> object:
 
 def test_8_quiet_runs_and_range_errors_as_one_line(small_data, isolated_env, tmp_path):
     env = {k: v for k, v in isolated_env.items() if k not in ("HOME", "XDG_CACHE_HOME")}
-    run = pretrain_args(small_data, tmp_path / "run", "--steps", "4", "--set=train.profile=1",
-                        "--set=logging.wandb.mode=offline")  # fmt: skip
+    run = pretrain_args(
+        small_data,
+        tmp_path / "run",
+        "--steps",
+        "4",
+        "--set=train.profile=1",
+        "--set=logging.wandb.mode=offline",
+    )
     result = yatrain(*run, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stderr.splitlines()
@@ -198,9 +236,11 @@ def test_8_quiet_runs_and_range_errors_as_one_line(small_data, isolated_env, tmp
         (["generate", ckpt, "--prompt", "a", "--temperature", "-1"], "--temperature"),
         (["generate", ckpt, "--prompt", "a", "--temperature", "inf"], "finite"),
         (["eval", ckpt, "--batches", "0"], "--batches"),
-        (["plan", "recipes/tiny.yaml", "--gpus", "1", "--shard-group-size", "auto"],
-         "pass --shard-group-size N"),
-    ]:  # fmt: skip
+        (
+            ["plan", "recipes/tiny.yaml", "--gpus", "1", "--shard-group-size", "auto"],
+            "pass --shard-group-size N",
+        ),
+    ]:
         one_line_error(yatrain(*args, env=isolated_env), needle)
     planned = yatrain("plan", "recipes/tiny.yaml", "--gpus", "2", "--json", env=isolated_env)
     assert planned.returncode == 0 and isinstance(_strict(planned.stdout), dict)
@@ -219,16 +259,25 @@ def test_10_checkpoint_symlinks_and_export_permissions(small_data, isolated_env,
     victim = next(step.glob("*.distcp"))
     victim.unlink()
     victim.symlink_to(secret)
-    line = one_line_error(yatrain("export", str(step), "--output", str(tmp_path / "hf2"),
-                                  env=isolated_env), "is a symbolic link")  # fmt: skip
+    line = one_line_error(
+        yatrain("export", str(step), "--output", str(tmp_path / "hf2"), env=isolated_env),
+        "is a symbolic link",
+    )
     assert "12345" not in line
     # a step directory that is a link is pruned as a link; what it points to stays
     elsewhere = tmp_path / "elsewhere"
     (run / "checkpoints" / "step-2").rename(elsewhere)
     (run / "checkpoints" / "step-1").symlink_to(elsewhere)
     victim.unlink()
-    more = pretrain_args(small_data, run, "--steps", "8", "--set=checkpoint.every=2",
-                         "--resume", str(run / "checkpoints" / "step-1"))  # fmt: skip
+    more = pretrain_args(
+        small_data,
+        run,
+        "--steps",
+        "8",
+        "--set=checkpoint.every=2",
+        "--resume",
+        str(run / "checkpoints" / "step-1"),
+    )
     result = yatrain(*more, env=isolated_env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert _steps(run / "checkpoints") == ["step-6", "step-8"] and elsewhere.is_dir()

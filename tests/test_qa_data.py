@@ -47,8 +47,9 @@ def test_3_workers_are_bounded_by_the_cpus(small_data, isolated_env, tmp_path):
     work.mkdir()
     for workers in ("10000", "0"):
         out = work / f"out-{workers}"
-        result = yatrain(*_prepare(out, "--tokenizer", tokenizer, "--workers", workers),
-                         env=isolated_env)  # fmt: skip
+        result = yatrain(
+            *_prepare(out, "--tokenizer", tokenizer, "--workers", workers), env=isolated_env
+        )
         one_line_error(result, f"--workers {workers}: pass 1 to {default_workers()}")
         assert list(work.iterdir()) == []
 
@@ -64,8 +65,13 @@ def test_4_a_signal_ends_the_workers_and_removes_the_temporary_directory(
     (work / ".tmp-out-stale" / ".prepare.lock").touch()
     (work / ".tmp-out-old").mkdir()  # no lock: named, not removed
     args = _prepare(out, "--tokenizer", str(small_data / "tokenizer.model"), "--workers", "2")
-    process = subprocess.Popen([sys.executable, "-m", "yatrain", *args], cwd=ROOT,
-                               env=isolated_env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "yatrain", *args],
+        cwd=ROOT,
+        env=isolated_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(workers := _children(process.pid)) < 2:
@@ -102,8 +108,17 @@ def test_11_empty_documents_are_counted(small_data, isolated_env, tmp_path):
     texts = ["a first document", "   ", "a second one", "\n\t\n", "the third"] * 40
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     out = tmp_path / "out"
-    args = _prepare(out, "--input", str(docs), "--tokenizer", str(small_data / "tokenizer.model"),
-                    "--val-fraction", "0", "--workers", "1")  # fmt: skip
+    args = _prepare(
+        out,
+        "--input",
+        str(docs),
+        "--tokenizer",
+        str(small_data / "tokenizer.model"),
+        "--val-fraction",
+        "0",
+        "--workers",
+        "1",
+    )
     result = yatrain(*args, env=isolated_env)
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())

@@ -22,9 +22,21 @@ LAUNCHER_NOISE = ("Traceback", "ChildFailedError", "torch.distributed", "elastic
 
 
 def test_worker_args_drop_the_launch_flags():
-    argv = ["--debug", "pretrain", "r.yaml", "--nproc-per-node", "4", "--nnodes=2",
-            "--rdzv-endpoint", "h:1", "--rdzv-id=j", "--max-restarts", "3",
-            "--steps", "5"]  # fmt: skip
+    argv = [
+        "--debug",
+        "pretrain",
+        "r.yaml",
+        "--nproc-per-node",
+        "4",
+        "--nnodes=2",
+        "--rdzv-endpoint",
+        "h:1",
+        "--rdzv-id=j",
+        "--max-restarts",
+        "3",
+        "--steps",
+        "5",
+    ]
     assert worker_args(argv) == ["--debug", "pretrain", "r.yaml", "--steps", "5"]
 
 
@@ -33,8 +45,15 @@ def test_7_a_failed_rank_is_a_two_line_summary(small_data, isolated_env, tmp_pat
     lost contact), the launcher's two: five lines in all."""
     env = inject(isolated_env, tmp_path / "inject", at_step(rank=2, step=1, action=BAD_SHARD))
     env["TMPDIR"] = str(tmp_path)
-    args = pretrain_args(small_data, tmp_path / "run", "--steps", "20", "--nproc-per-node", "4",
-                         "--set=data.global_batch_size=8")  # fmt: skip
+    args = pretrain_args(
+        small_data,
+        tmp_path / "run",
+        "--steps",
+        "20",
+        "--nproc-per-node",
+        "4",
+        "--set=data.global_batch_size=8",
+    )
     result = yatrain(*args, env=env)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = (result.stdout + result.stderr).splitlines()
@@ -61,8 +80,13 @@ def test_7_a_successful_launch_prints_nothing_of_its_own(small_data, isolated_en
 def test_7_sigterm_reaches_the_ranks_which_save(small_data, isolated_env, tmp_path):
     run = tmp_path / "run"
     args = pretrain_args(small_data, run, "--steps", "5000", "--nproc-per-node", "2")
-    launcher = subprocess.Popen([sys.executable, "-m", "yatrain", *args], cwd=ROOT,
-                                env=isolated_env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "yatrain", *args],
+        cwd=ROOT,
+        env=isolated_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         metrics, deadline = run / "metrics.jsonl", time.monotonic() + 180
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):

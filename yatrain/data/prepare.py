@@ -146,8 +146,10 @@ def remove_stale_temporaries(output: Path) -> list[str]:
         try:
             lock = os.open(tmp / _TMP_LOCK, os.O_RDWR)
         except OSError:
-            lines.append(f"note: {tmp} was left by an earlier prepare-data: delete it if no "
-                         "prepare-data is running")  # fmt: skip
+            lines.append(
+                f"note: {tmp} was left by an earlier prepare-data: delete it if no "
+                "prepare-data is running"
+            )
             continue
         try:
             with contextlib.suppress(BlockingIOError):  # held: another run is writing it

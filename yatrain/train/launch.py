@@ -64,11 +64,15 @@ class Launch:
             )
         others = {r: Std.ALL for r in range(1, self.nproc_per_node)}  # rank 0: this console
         return LaunchConfig(
-            min_nodes=int(low), max_nodes=int(high or low), nproc_per_node=self.nproc_per_node,
-            run_id=self.rdzv_id or uuid.uuid4().hex[:12], rdzv_backend="c10d",
-            rdzv_endpoint=self.rdzv_endpoint or "localhost:0", max_restarts=self.max_restarts,
+            min_nodes=int(low),
+            max_nodes=int(high or low),
+            nproc_per_node=self.nproc_per_node,
+            run_id=self.rdzv_id or uuid.uuid4().hex[:12],
+            rdzv_backend="c10d",
+            rdzv_endpoint=self.rdzv_endpoint or "localhost:0",
+            max_restarts=self.max_restarts,
             logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects={0: Std.NONE, **others}),
-        )  # fmt: skip
+        )
 
 
 def worker_args(argv: Sequence[str]) -> list[str]:

@@ -81,8 +81,10 @@ def check_run_dir(run_dir: Path) -> None:
 
 
 def check_is_run_dir(run_dir: Path) -> None:
-    """Refuse a non-empty directory that no yatrain run made (it has no lock file)."""
-    if run_dir.is_dir() and not (run_dir / LOCK_FILE).exists() and any(run_dir.iterdir()):
+    """Refuse a non-empty directory that no yatrain run made (it has neither a lock file
+    nor, from a yatrain before the lock, a metrics.jsonl)."""
+    marks = (run_dir / LOCK_FILE, run_dir / "metrics.jsonl")
+    if run_dir.is_dir() and not any(m.exists() for m in marks) and any(run_dir.iterdir()):
         raise ConfigError(
             f"--run-dir {run_dir} is not empty and is not a yatrain run directory (no "
             f"{LOCK_FILE}): pass a new or empty directory"
@@ -188,7 +190,13 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
         owner = "an unreadable owner"
     others = [p.name for p in folder.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE)]
     if owner is None and others:
-        owner = "no run (it holds files of its own)"
+        os.close(fd)
+        raise ConfigError(
+            f"checkpoint.dir {folder} holds files but no {OWNER_FILE} naming the run that owns "
+            "it: set another checkpoint.dir (and --resume DIR/step-N to start from one), or, "
+            f'if it is this run\'s (an older yatrain\'s), write {{"run_dir": "{me}"}} into '
+            f"{folder / OWNER_FILE}"
+        )
     if owner is not None and owner != me:
         os.close(fd)
         raise ConfigError(

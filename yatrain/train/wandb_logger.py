@@ -132,8 +132,10 @@ class WandbLogger:
             call()
         except Exception as error:  # wandb raises its own ServerResponseError, CommError, ...
             self.run = None
-            self.say(f"warning: wandb failed ({_first_line(error)}): W&B logging stopped; "
-                     "metrics.jsonl keeps every record")  # fmt: skip
+            self.say(
+                f"warning: wandb failed ({_first_line(error)}): W&B logging stopped; "
+                "metrics.jsonl keeps every record"
+            )
 
 
 def _start_failure(mode: str, error: BaseException) -> YatrainError:
