@@ -83,8 +83,11 @@ class CompileWatch:
         self.backend, self.cache_dir = backend, cache_dir
         self.graphs, self.seconds, self.warm_graphs = 0, 0.0, 0
         self._unreported_s, self._started = 0.0, 0.0
+        # Inductor reads its cache directory from the environment at each use (importing
+        # dynamo already set it to its default under /tmp, which a restart on another node
+        # would not find): the run's own directory while the run lasts.
         self._previous_cache = os.environ.get(CACHE_ENV)
-        if cache_dir is not None and self._previous_cache is None:  # a user's choice wins
+        if cache_dir is not None:
             os.environ[CACHE_ENV] = str(cache_dir)
         dynamo_callback.callback_handler.register_start_callback(self._start)
         dynamo_callback.callback_handler.register_end_callback(self._end)
@@ -134,5 +137,7 @@ class CompileWatch:
         handler = dynamo_callback.callback_handler
         handler.remove_start_callback(self._start)
         handler.remove_end_callback(self._end)
-        if self.cache_dir is not None and self._previous_cache is None:
+        if self.cache_dir is not None:
             os.environ.pop(CACHE_ENV, None)
+            if self._previous_cache is not None:
+                os.environ[CACHE_ENV] = self._previous_cache
