@@ -117,7 +117,8 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     with run.meter.watching_tensors(step_number):
         outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
                              grad_clip=optim.grad_clip, guard=guard,
-                             model_inputs=run.loader.attention_inputs)  # fmt: skip
+                             model_inputs=run.loader.attention_inputs,
+                             clock=run.meter.clock)  # fmt: skip
     skip = run.recipe.train.skip_nonfinite_steps
     last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None
     if outcome.bad_weights:  # applied: no skipping it, and nothing of it may be saved
@@ -145,7 +146,7 @@ def evaluate(run: Run) -> Evaluation:
     """The held-out loss after this step (collective); its time is left out of the
     step-time window."""
     evaluation = run.evaluator.evaluate(run.model)
-    run.meter.exclude(evaluation.seconds)
+    run.meter.exclude(evaluation.seconds, "eval")
     return evaluation
 
 
@@ -159,6 +160,8 @@ def log(
     record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr, sent,
                               run.skipped_steps, val)  # fmt: skip
     run.loggers.log(record)
+    if run.meter.straggler_note is not None:
+        run.loggers.say(run.meter.straggler_note)
     run.meter.open_window()  # logging is not step time
 
 
@@ -171,7 +174,7 @@ def save(run: Run, step_number: int, final: bool) -> None:
     previous = run.checkpointer.writing
     path = run.checkpointer.save(step_number, run.skipped_steps, wait=final)
     seconds = time.perf_counter() - start
-    run.meter.exclude(seconds)
+    run.meter.exclude(seconds, "checkpoint")
     if previous is not None:  # waited for at the start of this save
         run.loggers.say(f"saved {run.checkpointer.root / f'step-{previous}'} "
                         "(written in the background)")  # fmt: skip

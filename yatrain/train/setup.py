@@ -106,7 +106,7 @@ def setup(
                                     loader, runtime, verify=checks.verify)  # fmt: skip
         start_step, skipped = checkpointer.restore(resume, loggers.say)
         loggers.open(run_dir, recipe, start_step)
-        meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step)
+        meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step, engine)
         profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
                                 start_step, loggers.say)  # fmt: skip
         last = checkpointer.last
