@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError, YatrainError
 from yatrain.train.evaluate import Evaluation
-from yatrain.train.failures import explain
+from yatrain.train.failures import explain, lost_peer
 from yatrain.train.guard import StepGuard
 from yatrain.train.optim import set_lr
 from yatrain.train.runtime import init_runtime
@@ -59,13 +60,31 @@ def pretrain(
         return train(run)
     except (RuntimeError, dist.DistError) as error:  # the machine failed, not the input
         where = f"at step {run.step_number}" if run is not None else "while starting"
-        if (explained := explain(error, where)) is None:
+        report = _report_lost_peer(run, error, where)
+        if (explained := explain(error, where, report)) is None:
             raise
         raise explained from None
     finally:
         if run is not None:
             run.close()
         runtime.shutdown()
+
+
+def _report_lost_peer(run: Run | None, error: BaseException, where: str) -> Path | None:
+    """A lost peer: stop watching (this rank is not stuck) and take part in the hang report,
+    which names the rank that is gone; returns where the report is written."""
+    reporter = run.watchdog.reporter if run is not None else None
+    if reporter is None or not lost_peer(error):
+        return None
+    run.watchdog.stand_down()
+    run.watchdog.stacks.dump()
+    # torchrun stops the other ranks with SIGTERM once one has died: not during the report
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        reporter.report(f"lost contact with a peer {where}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return run.run_dir / "hang" / "report.txt"
 
 
 def train(run: Run) -> dict:

@@ -135,6 +135,7 @@ class StepMeter:
         self.clock = StepClock(engine, self.device) if engine is not None else None
         self.stragglers = StragglerWatch()
         self.straggler_note: str | None = None  # the console line of the last record
+        self.in_data = False
         self.tensor_step, self.tensor_peak = tensor_step, None
         self.log_every, self.total_steps = recipe.train.log_every, recipe.train.steps
         self.dtype = recipe.train.dtype
@@ -162,8 +163,16 @@ class StepMeter:
     @contextlib.contextmanager
     def waiting_for_data(self) -> Iterator[None]:
         start = time.perf_counter()
+        self.in_data = True
         yield
+        self.in_data = False
         self.data_wait += time.perf_counter() - start
+
+    def stage(self) -> str | None:
+        """The part of the step running now: "data", a ``StepClock`` phase, or None."""
+        if self.in_data:
+            return "data"
+        return self.clock.name if self.clock is not None else None
 
     def step_done(self) -> None:
         self.window_steps += 1

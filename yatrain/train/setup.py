@@ -27,12 +27,13 @@ from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.evaluate import Evaluator, build_evaluator
+from yatrain.train.hang import HangReporter, StackFile
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
-from yatrain.train.runtime import Runtime
+from yatrain.train.runtime import Runtime, nccl_flight_recorder
 from yatrain.train.watchdog import Watchdog
 from yatrain.train.weights import init_from_source
 
@@ -109,6 +110,7 @@ def setup(
         meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step, engine)
         profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
                                 start_step, loggers.say)  # fmt: skip
+        attach_hang_report(watchdog, runtime, run_dir, start_step, meter, engine)
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
         loggers.say(
@@ -129,6 +131,39 @@ def setup(
         raise
     return Run(recipe, runtime, run_dir, loader, model, engine, optimizer, checkpointer, loggers,
                meter, profiler, evaluator, lock, watchdog, start_step, skipped)  # fmt: skip
+
+
+def attach_hang_report(
+    watchdog: Watchdog,
+    runtime: Runtime,
+    run_dir: Path,
+    start_step: int,
+    meter: StepMeter,
+    engine: ShardedEngine,
+) -> None:
+    """Under a watchdog: this rank's stack file, and its side of the hang report (through
+    the job's store, when there is one): what it is doing is the watchdog's phase, the
+    meter's part of the step and the engine's progress."""
+    if not watchdog.active:
+        return
+    reporter = None
+    if runtime.store is not None:
+
+        def snapshot() -> dict:
+            return {"doing": watchdog.current, "stage": meter.stage(), **engine.progress()}
+
+        cuda = runtime.device.type == "cuda"
+        reporter = HangReporter(
+            runtime.store,
+            runtime.rank,
+            runtime.world_size,
+            run_dir,
+            f"{run_dir}@{start_step}",
+            snapshot,
+            grace_s=2 * watchdog.interval + 2,
+            flight_recorder=nccl_flight_recorder() if cuda else None,
+        )
+    watchdog.attach(reporter, StackFile(run_dir, runtime.rank))
 
 
 def _layout(engine: ShardedEngine) -> str:

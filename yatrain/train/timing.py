@@ -59,12 +59,14 @@ class StepClock:
         self.waits = engine.waits
         self.clocks = {name: IntervalClock(device) for name in PHASES}
         self.current: IntervalClock | None = None
+        self.name: str | None = None  # the part running now (a hang report says it)
         self.mark = None
 
     def phase(self, name: str | None) -> None:
         """Close the current part and open ``name`` (None: the step is over)."""
         if self.current is not None:
             self.current.stop(self.mark)
+        self.name = name
         self.current = self.clocks[name] if name is not None else None
         self.mark = self.current.start() if self.current is not None else None
         self.waits.active = name == "model"
