@@ -34,6 +34,7 @@ from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
 from yatrain.train.runtime import Runtime, nccl_flight_recorder
+from yatrain.train.tensorboard_logger import require_tensorboard
 from yatrain.train.watchdog import Watchdog
 from yatrain.train.weights import init_from_source
 
@@ -87,6 +88,7 @@ def setup(
 ) -> Run:  # fmt: skip
     """Build the run (see the module docstring); collective under torchrun."""
     validate_world_size(recipe, runtime.world_size)
+    require_tensorboard(recipe)
     group = shard_group_size(recipe, runtime.world_size, runtime.local_world_size)
     loggers = Loggers(runtime, progress)
     layers = checkpoint_layers(recipe, runtime, loggers)
