@@ -183,10 +183,10 @@ class ThreadReducer(PieceReducer):
         mark = clock.start("reduce-scatter") if clock is not None else None
         with self.cond:
             self.cond.wait_for(lambda: ready() or self.error is not None)
+            if self.error is not None:  # as raised in the helper thread (e.g. a lost peer)
+                raise self.error  # still "waiting" for a hang report, as a failed wait is
             if clock is not None:
                 clock.stop(mark)
-            if self.error is not None:  # as raised in the helper thread (e.g. a lost peer)
-                raise self.error
 
     def _run(self) -> None:
         try:

@@ -76,6 +76,8 @@ def _report_lost_peer(run: Run | None, error: BaseException, where: str) -> Path
     reporter = run.watchdog.reporter if run is not None else None
     if reporter is None or not lost_peer(error):
         return None
+    if run.watchdog.stopping.is_set():  # the watchdog is ending this rank: one line only
+        run.watchdog.wait_for_exit()
     run.watchdog.stand_down()
     run.watchdog.stacks.dump()
     # torchrun stops the other ranks with SIGTERM once one has died: not during the report

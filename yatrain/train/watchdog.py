@@ -40,6 +40,7 @@ class Watchdog:
         self.stacks: StackFile | None = None
         self.active = active
         self._standing_down = False
+        self.stopping = threading.Event()  # set once this thread ends the process
         if active:
             self._thread = threading.Thread(target=self._watch, name="yatrain-watchdog",
                                             daemon=True)  # fmt: skip
@@ -86,7 +87,13 @@ class Watchdog:
             if reporter is not None and not reporter.published and reporter.requested():
                 reporter.publish("asked for by another rank")
 
+    def wait_for_exit(self, seconds: float = 60.0) -> None:
+        """Block a thread that would print a second error line while this one ends the
+        process (the collective it was stuck in failing once a peer is gone)."""
+        time.sleep(seconds)
+
     def _stop_process(self, phase: str, waited: float) -> None:
+        self.stopping.set()
         which = "its output says which"
         if self.reporter is not None:
             self.reporter.report(f"{phase} made no progress for {waited:.0f} s")
