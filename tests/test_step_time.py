@@ -15,7 +15,7 @@ from yatrain.train.loop import pretrain
 from yatrain.train.record import read_metrics
 from yatrain.train.report import BREAKDOWN
 
-DELAY_S = 0.1  # added to the wait of every all-gather in the slowed run
+DELAY_S = 0.2  # added to the wait of every all-gather in the slowed run
 STEPS = 4
 QUIET = ["checkpoint.enabled=false", "train.log_every=2"]  # no save gathers outside steps
 
