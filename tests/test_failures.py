@@ -165,10 +165,10 @@ def test_disk_full_during_a_save_is_one_line(small_data, isolated_env, tmp_path,
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2"]
 
 
-def torchrun(args: list[str], env: dict, logs: Path) -> subprocess.CompletedProcess:
-    """A 2-rank torchrun job whose ranks' output goes to files under ``logs``."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2", "--log-dir", str(logs), "--redirects", "3"]  # fmt: skip
+def torchrun(args: list[str], env: dict, logs: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+    """An ``nproc``-rank torchrun job whose ranks' output goes to files under ``logs``."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(nproc), "--log-dir", str(logs), "--redirects", "3"]  # fmt: skip
     return subprocess.run([*launcher, "-m", "yatrain", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=240)  # fmt: skip
 

@@ -194,6 +194,9 @@ class WandbConfig:
 @dataclass(kw_only=True)
 class LoggingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    # Also write TensorBoard event files to RUN_DIR/tensorboard (the same fields as W&B;
+    # needs the optional extra: pip install 'yatrain[tensorboard]').
+    tensorboard: bool = False
 
 
 @dataclass(kw_only=True)

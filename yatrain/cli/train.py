@@ -1,4 +1,4 @@
-"""Training commands: ``yatrain pretrain``, ``plan`` and ``sweep``."""
+"""Training commands: ``yatrain pretrain``, ``plan``, ``sweep`` and ``report``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.sweep import run_sweep
 from yatrain.train.launch import Launch, launch
 from yatrain.train.loop import pretrain as run_pretrain
+from yatrain.train.run_report import write_report
 from yatrain.train.setup import Checks
 
 
@@ -208,3 +209,25 @@ def sweep(
     typer.echo(result.table)
     files = ", ".join(p.name for p in result.files)
     typer.echo(f"wrote {result.out_dir}: {files} | wandb {result.wandb_mode}", err=True)
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  yatrain report runs/tiny-20261203-101500\n\n"
+        "  yatrain report runs/a runs/b --output reports/a-vs-b"
+    )
+)
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories (one or several)."),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        help="Where the PNGs and report.html go (default: RUN_DIR/report for one run, "
+        "./report for several).",
+    ),
+) -> None:
+    """Chart one run, or several side by side: PNGs and one self-contained HTML file."""
+    out_dir = output or (run_dirs[0] / "report" if len(run_dirs) == 1 else Path("report"))
+    path = write_report(run_dirs, out_dir)
+    typer.echo(f"wrote {path} (open it in a browser; no network needed) and its PNGs", err=True)

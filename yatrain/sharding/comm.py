@@ -17,7 +17,11 @@ differs between devices, so it lives here and nowhere else:
   collective has finished (``finished``): no ``record_stream``.
 - One process, no group: nothing to communicate; copies only where the buffers differ.
 
-Every collective also counts the bytes this rank sends, so benchmarks report measured traffic.
+Every collective also counts the bytes this rank sends, so benchmarks report measured traffic,
+and how many collectives this rank has entered (``entered``, what a hang report compares);
+``wait`` is timed by the engine's ``clock`` (``timing.IntervalClock``): the exposed
+communication of a step, on CPU the time the thread blocked, on CUDA the time the compute
+stream stalled behind the event it waits on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from yatrain.sharding.timing import IntervalClock
 
 Step = Callable[[], None] | None
 
@@ -46,6 +52,7 @@ class Handle:
     event: object | None = None
     then: Step = None
     done: bool = field(default=False)
+    kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce" (what a rank waits on)
 
 
 class Communicator:
@@ -54,6 +61,8 @@ class Communicator:
     def __init__(self) -> None:
         self.rank, self.world_size = 0, 1
         self.bytes_sent = 0
+        self.entered = 0  # collectives issued on this communicator
+        self.clock: IntervalClock | None = None  # times ``wait`` (set by the engine)
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Handle:
         """Gather every rank's ``shard`` into ``out``. A shard of another dtype than ``out``
@@ -76,7 +85,10 @@ class Communicator:
     def wait(self, handle: Handle | None) -> None:
         if handle is None or handle.done:
             return
+        mark = self.clock.start(handle.kind) if self.clock is not None else None
         self._wait(handle)
+        if self.clock is not None:
+            self.clock.stop(mark)
         handle.done = True
         if handle.then is not None:
             handle.then()
@@ -97,11 +109,21 @@ class Communicator:
     def _wait(self, handle: Handle) -> None:
         raise NotImplementedError
 
+    def _timed_all_reduce(self, tensor: torch.Tensor) -> None:
+        """A synchronous sum over the group (the gradient norm's), timed as a wait."""
+        self.entered += 1
+        mark = self.clock.start("all-reduce") if self.clock is not None else None
+        dist.all_reduce(tensor, group=self.group)
+        if self.clock is not None:
+            self.clock.stop(mark)
+
     def _count(self, full: torch.Tensor) -> None:
+        self.entered += 1
         self.bytes_sent += ring_bytes(full.numel() * full.element_size(), self.world_size)
 
     def _count_all_reduce(self, tensor: torch.Tensor) -> None:
         # Ring all-reduce: a reduce-scatter then an all-gather, 2 (W-1)/W of the tensor.
+        self.entered += 1
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += ring_bytes(2 * nbytes, self.world_size)
 
@@ -132,14 +154,14 @@ class GlooCommunicator(Communicator):
             cast()
         self._count(out)
         work = dist.all_gather_single(out, source, group=self.group, async_op=True)
-        return Handle(work=work)
+        return Handle(work=work, kind="all-gather")
 
     def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
         if before is not None:
             before()
         self._count(full)
         work = dist.reduce_scatter_single(out, full, group=self.group, async_op=True)
-        return Handle(work=work, then=then)
+        return Handle(work=work, then=then, kind="reduce-scatter")
 
     def finished(self, handle: Handle | None) -> bool:
         return handle is None or handle.done or handle.work.is_completed()
@@ -158,11 +180,12 @@ class GlooCommunicator(Communicator):
         handle.work.wait()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor, group=self.group)
+        self._timed_all_reduce(tensor)
 
     def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         self._count_all_reduce(tensor)
-        return Handle(work=dist.all_reduce(tensor, group=self.group, async_op=True))
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        return Handle(work=work, kind="all-reduce")
 
 
 class CudaStreamCommunicator(Communicator):
@@ -176,7 +199,12 @@ class CudaStreamCommunicator(Communicator):
         self.stream = torch.cuda.Stream(device=device)
 
     def _on_comm_stream(
-        self, collective, before: Step = None, then: Step = None, after: Handle | None = None
+        self,
+        collective,
+        before: Step = None,
+        then: Step = None,
+        after: Handle | None = None,
+        kind: str = "",
     ) -> Handle:
         compute_ready = torch.cuda.Event()
         compute_ready.record(torch.cuda.current_stream())
@@ -191,36 +219,43 @@ class CudaStreamCommunicator(Communicator):
                 then()  # stream-ordered after the collective: no CPU sync needed
             landed = torch.cuda.Event()
             landed.record(self.stream)
-        return Handle(event=landed)
+        return Handle(event=landed, kind=kind)
 
     def all_gather(self, out, shard) -> Handle:
         self._count(out)
         source, cast = self._gather_input(out, shard)
         return self._on_comm_stream(
-            lambda: dist.all_gather_single(out, source, group=self.group), cast
+            lambda: dist.all_gather_single(out, source, group=self.group), cast, kind="all-gather"
         )
 
     def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
         self._count(full)
         return self._on_comm_stream(
-            lambda: dist.reduce_scatter_single(out, full, group=self.group), before, then
+            lambda: dist.reduce_scatter_single(out, full, group=self.group),
+            before,
+            then,
+            kind="reduce-scatter",
         )
 
     def wait(self, handle: Handle | None) -> None:
         if handle is None or handle.done:
             return
-        torch.cuda.current_stream().wait_event(handle.event)
+        mark = self.clock.start(handle.kind) if self.clock is not None else None
+        torch.cuda.current_stream().wait_event(handle.event)  # the stall lies between the marks
+        if self.clock is not None:
+            self.clock.stop(mark)
         handle.done = True  # ``then`` already ran on the communication stream
 
     def finished(self, handle: Handle | None) -> bool:
         return handle is None or handle.done or handle.event.query()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor, group=self.group)
+        self._timed_all_reduce(tensor)  # on the compute stream: exposed by construction
 
     def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         self._count_all_reduce(tensor)
-        return self._on_comm_stream(lambda: dist.all_reduce(tensor, group=self.group), after=after)
+        collective = functools.partial(dist.all_reduce, tensor, group=self.group)
+        return self._on_comm_stream(collective, after=after, kind="all-reduce")
 
 
 def make_communicator(

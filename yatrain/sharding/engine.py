@@ -17,6 +17,7 @@ no forward that does not need it holds it.
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from yatrain.sharding.materialize import materialize_shards
 from yatrain.sharding.reduce import PieceReducer, StreamReducer, ThreadReducer
 from yatrain.sharding.sizes import PIECE_NUMEL, EngineBuffers, engine_buffers
 from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
+from yatrain.sharding.timing import IntervalClock
 
 
 class ShardedEngine(GradientFinish, UnitSchedule):
@@ -73,6 +75,13 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         self.replicas = self.replica_comm.world_size if self.replica_comm else 1
         self.world_size = self.shard_size * self.replicas
         self.direct = type(self.comm) is Communicator  # one process, no group: no buffers
+        # Exposed communication: the waits on gathers and reductions (timing.py), timed
+        # while a caller turns it on (train_step does, around its step).
+        self.waits = IntervalClock(self.device)
+        self.waits.active = False
+        for comm in (self.comm, self.replica_comm):
+            if comm is not None:
+                comm.clock = self.waits
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.prefetch_depth, self.piece_numel = prefetch_depth, piece_numel
         units, norms = list(model.units()), list(model.norm_modules())
@@ -183,7 +192,9 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         buffers = plan.staging.empty(dev), plan.reduce_out.empty(dev), plan.piece_numel
         if isinstance(self.comm, CudaStreamCommunicator):
             return StreamReducer(self.comm, *buffers)
-        return ThreadReducer(self.comm.second_group(), *buffers)  # gloo: see reduce.py
+        reducer = ThreadReducer(self.comm.second_group(), *buffers)  # gloo: see reduce.py
+        reducer.clock = self.waits  # the helper thread's own waits are not exposed
+        return reducer
 
     def _grad_shard(self, unit: int) -> torch.Tensor:
         """Unit ``unit``'s fp32 gradient shard, allocated (not zeroed) at the unit's first
@@ -271,6 +282,22 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         return {
             group: shard_views(self.state_layout, layouts, self.rank, pieces)
             for group, pieces in groups.items()
+        }
+
+    def progress(self) -> dict:
+        """Where this rank is in its step (read by a hang report, from another thread):
+        phase, unit, micro-batch, the collectives it has entered and what it waits on."""
+        comms = [self.comm, self.replica_comm]
+        if self.reducer is not None and self.reducer.comm is not self.comm:
+            comms.append(self.reducer.comm)
+        blocked = self.waits.blocked
+        return {
+            "phase": self.phase,
+            "unit": self.unit,
+            "micro_batch": self.micro_batches,
+            "collectives": sum(c.entered for c in comms if c is not None),
+            "waiting_on": blocked,
+            "waiting_s": time.monotonic() - self.waits.blocked_since if blocked else None,
         }
 
     @property

@@ -51,6 +51,7 @@ class UnitSchedule:
     # ------------------------------------------------------------------ step state
     def _reset_step_state(self) -> None:
         self.phase = "idle"
+        self.unit: int | None = None  # the unit whose forward or backward runs (progress)
         self.state = ["idle"] * self.n_units  # idle | forward | backward | done
         self.leaves: list[list[torch.Tensor]] = [[] for _ in range(self.n_units)]
         self.waiting_grads = [0] * self.n_units
@@ -119,6 +120,7 @@ class UnitSchedule:
             self.state = ["idle"] * self.n_units
             if torch.is_grad_enabled():
                 self.micro_batches += 1
+        self.unit = unit
         self._pump()
         self._ensure_small()
         flat = self._ensure_gathered(unit)
@@ -148,6 +150,7 @@ class UnitSchedule:
         if self.state[unit] == "backward":
             return
         self.phase = "backward"
+        self.unit = unit
         self.state[unit] = "backward"
         if self.reads_weights[unit]:
             self._ensure_gathered(unit)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from yatrain.sharding.comm import Communicator, Handle
+from yatrain.sharding.timing import IntervalClock
 
 
 @dataclass
@@ -64,6 +65,7 @@ class PieceReducer:
     ) -> None:
         self.comm, self.staging, self.out, self.piece = comm, staging, out, piece
         self.world = comm.world_size
+        self.clock: IntervalClock | None = None  # times the training thread's waits (gloo)
 
     def new_job(
         self, source: torch.Tensor, numel: int, shard: torch.Tensor, previous: ReduceJob | None,
@@ -177,10 +179,14 @@ class ThreadReducer(PieceReducer):
         self._wait_for(lambda: not self.queue and not self.busy)
 
     def _wait_for(self, ready) -> None:
+        clock = self.clock
+        mark = clock.start("reduce-scatter") if clock is not None else None
         with self.cond:
             self.cond.wait_for(lambda: ready() or self.error is not None)
             if self.error is not None:  # as raised in the helper thread (e.g. a lost peer)
-                raise self.error
+                raise self.error  # still "waiting" for a hang report, as a failed wait is
+            if clock is not None:
+                clock.stop(mark)
 
     def _run(self) -> None:
         try:

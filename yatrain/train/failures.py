@@ -11,6 +11,7 @@ the command line prints as one line, naming where the run was; anything else is 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,8 +26,9 @@ _MEMORY_SIGNS = ("can't allocate memory", "out of memory", "not enough memory")
 _SOURCE = re.compile(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ")  # gloo's "[.../pair.cc:537] " prefix
 
 
-def explain(error: BaseException, where: str) -> TrainingError | None:
-    """The one-line error for ``error`` raised ``where`` (e.g. "at step 12"), or None."""
+def explain(error: BaseException, where: str, report: Path | None = None) -> TrainingError | None:
+    """The one-line error for ``error`` raised ``where`` (e.g. "at step 12"), or None;
+    ``report``: where the hang report that names a lost peer is written."""
     text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
     first = _SOURCE.sub("", first).split(". This is typically")[0][:200]
@@ -39,12 +41,18 @@ def explain(error: BaseException, where: str) -> TrainingError | None:
             "more layers (sharding.activation_checkpoint_layers), lower data.micro_batch_size "
             "or use more devices"
         )
-    peer = isinstance(error, dist.DistError) or (
-        isinstance(error, RuntimeError) and any(s in lowered for s in _PEER_SIGNS)
-    )
-    if peer and dist.is_available() and dist.is_initialized():
+    if lost_peer(error):
+        named = f" (the hang report, {report}, names it)" if report is not None else ""
         return TrainingError(
-            f"lost contact with another rank {where} ({first}): it failed or was killed, "
-            "and its own output says why; continue with --resume auto"
+            f"lost contact with another rank {where} ({first}): it failed or was killed"
+            f"{named}, and its own output says why; continue with --resume auto"
         )
     return None
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Does ``error`` say a peer of this distributed run is gone?"""
+    peer = isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and any(s in str(error).lower() for s in _PEER_SIGNS)
+    )
+    return peer and dist.is_available() and dist.is_initialized()

@@ -1,4 +1,5 @@
-"""Where a run's records go: one fan-out to the console, ``metrics.jsonl`` and W&B.
+"""Where a run's records go: one fan-out to the console, ``metrics.jsonl``, W&B and
+TensorBoard.
 
 Only rank 0 logs: on every other rank each method of ``Loggers`` does nothing, so the loop
 calls them unconditionally. A new destination is a class with the ``MetricsLogger``
@@ -18,6 +19,7 @@ from yatrain.train.record import MetricsFile, MetricsRecord
 from yatrain.train.report import format_summary, log_line
 from yatrain.train.resume import truncate_metrics, write_config
 from yatrain.train.runtime import Runtime
+from yatrain.train.tensorboard_logger import TensorBoardLogger
 from yatrain.train.wandb_logger import WandbLogger
 
 
@@ -128,6 +130,8 @@ class Loggers:
             MetricsFileLogger(run_dir / "metrics.jsonl"),
             WandbRunLogger(wandb),
         ]
+        if recipe.logging.tensorboard:
+            self.destinations.append(TensorBoardLogger(run_dir))
 
     def say(self, message: str) -> None:
         if self.active:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError, YatrainError
 from yatrain.train.evaluate import Evaluation
-from yatrain.train.failures import explain
+from yatrain.train.failures import explain, lost_peer
 from yatrain.train.guard import StepGuard
 from yatrain.train.optim import set_lr
 from yatrain.train.runtime import init_runtime
@@ -60,13 +61,33 @@ def pretrain(
         return train(run)
     except (RuntimeError, dist.DistError) as error:  # the machine failed, not the input
         where = f"at step {run.step_number}" if run is not None else "while starting"
-        if (explained := explain(error, where)) is None:
+        report = _report_lost_peer(run, error, where)
+        if (explained := explain(error, where, report)) is None:
             raise
         raise explained from None
     finally:
         if run is not None:
             run.close()
         runtime.shutdown()
+
+
+def _report_lost_peer(run: Run | None, error: BaseException, where: str) -> Path | None:
+    """A lost peer: stop watching (this rank is not stuck) and take part in the hang report,
+    which names the rank that is gone; returns where the report is written."""
+    reporter = run.watchdog.reporter if run is not None else None
+    if reporter is None or not lost_peer(error):
+        return None
+    if run.watchdog.stopping.is_set():  # the watchdog is ending this rank: one line only
+        run.watchdog.wait_for_exit()
+    run.watchdog.stand_down()
+    run.watchdog.stacks.dump()
+    # torchrun stops the other ranks with SIGTERM once one has died: not during the report
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        reporter.report(f"lost contact with a peer {where}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return run.run_dir / "hang" / "report.txt"
 
 
 def train(run: Run) -> dict:
@@ -125,7 +146,8 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     with run.meter.watching_tensors(step_number):
         outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
                              grad_clip=optim.grad_clip, guard=guard,
-                             model_inputs=run.loader.attention_inputs)  # fmt: skip
+                             model_inputs=run.loader.attention_inputs,
+                             clock=run.meter.clock)  # fmt: skip
     skip = run.recipe.train.skip_nonfinite_steps
     last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None
     if outcome.bad_weights:  # applied: no skipping it, and nothing of it may be saved
@@ -145,7 +167,7 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
         run.skipped_steps += 1
         run.loggers.say(f"warning: step {step_number} skipped (non-finite loss or gradient norm)")
     if run.compiler is not None:  # compile time is reported once, not as step time
-        run.meter.exclude(run.compiler.take_seconds())
+        run.meter.exclude(run.compiler.take_seconds(), "compile")
     run.meter.step_done()
     run.loggers.step_done()
     return outcome, lr
@@ -166,7 +188,7 @@ def evaluate(run: Run) -> Evaluation:
     """The held-out loss after this step (collective); its time is left out of the
     step-time window."""
     evaluation = run.evaluator.evaluate(run.model)
-    run.meter.exclude(evaluation.seconds)
+    run.meter.exclude(evaluation.seconds, "eval")
     if run.compiler is not None:
         run.compiler.take_seconds()  # inside the evaluation's time, excluded already
     return evaluation
@@ -182,6 +204,8 @@ def log(
     record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr, sent,
                               run.skipped_steps, val)  # fmt: skip
     run.loggers.log(record)
+    if run.meter.straggler_note is not None:
+        run.loggers.say(run.meter.straggler_note)
     run.meter.open_window()  # logging is not step time
 
 
@@ -194,7 +218,7 @@ def save(run: Run, step_number: int, final: bool) -> None:
     previous = run.checkpointer.writing
     path = run.checkpointer.save(step_number, run.skipped_steps, wait=final)
     seconds = time.perf_counter() - start
-    run.meter.exclude(seconds)
+    run.meter.exclude(seconds, "checkpoint")
     if previous is not None:  # waited for at the start of this save
         run.loggers.say(f"saved {run.checkpointer.root / f'step-{previous}'} "
                         "(written in the background)")  # fmt: skip

@@ -24,15 +24,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from yatrain.common import DTYPES
 from yatrain.config import Recipe
 from yatrain.models.llama import flops_per_token
 from yatrain.plan import LiveTensorTracker
+from yatrain.sharding import ShardedEngine
 from yatrain.train.record import MetricsRecord
 from yatrain.train.report import run_summary
 from yatrain.train.runtime import Runtime
+from yatrain.train.stragglers import StragglerWatch, reduce_loss_and_busy, straggler_fields
+from yatrain.train.timing import Breakdown, StepClock
 
 # Dense peak FLOP/s per device (vendor data sheets, SXM parts, no sparsity).
 PEAK_FLOPS = {
@@ -115,15 +117,25 @@ def _vm_hwm_bytes() -> int | None:
 class StepMeter:
     """Measures the run over logging windows and owns their cadence (``due``).
 
-    A window runs from one logged step to the next: its step time, tokens/s, MFU and data
-    wait are window averages, its peak memory the window's peak. Time spent saving
-    checkpoints is ``exclude``-d, so saves never count as step time. Every rank measures
-    (the loss is averaged across ranks, a collective); only rank 0 logs."""
+    A window runs from one logged step to the next: its step time, tokens/s, MFU and the
+    step-time breakdown (``timing``: ``clock`` is what the loop hands ``train_step``) are
+    window averages, its peak memory the window's peak. Time spent saving checkpoints and
+    evaluating is ``exclude``-d (and reported beside the step time). Every rank measures (the
+    loss and the busy times are all-reduced, one collective); only rank 0 logs."""
 
     def __init__(
-        self, recipe: Recipe, runtime: Runtime, tokens_per_step: int, tensor_step: int | None = None
+        self,
+        recipe: Recipe,
+        runtime: Runtime,
+        tokens_per_step: int,
+        tensor_step: int | None = None,
+        engine: ShardedEngine | None = None,
     ) -> None:
         self.runtime, self.device = runtime, runtime.device
+        self.clock = StepClock(engine, self.device) if engine is not None else None
+        self.stragglers = StragglerWatch()
+        self.straggler_note: str | None = None  # the console line of the last record
+        self.in_data = False
         self.tensor_step, self.tensor_peak = tensor_step, None
         self.log_every, self.total_steps = recipe.train.log_every, recipe.train.steps
         self.dtype = recipe.train.dtype
@@ -142,6 +154,7 @@ class StepMeter:
     def open_window(self) -> None:
         """Start timing the next window (after a record is logged: logging is not step time)."""
         self.window_start, self.window_steps, self.data_wait = time.perf_counter(), 0, 0.0
+        self.excluded = {"checkpoint": 0.0, "eval": 0.0, "compile": 0.0}
 
     def due(self, step: int) -> bool:
         """Log this step? The first, every ``train.log_every``-th, and the last."""
@@ -150,8 +163,16 @@ class StepMeter:
     @contextlib.contextmanager
     def waiting_for_data(self) -> Iterator[None]:
         start = time.perf_counter()
+        self.in_data = True
         yield
+        self.in_data = False
         self.data_wait += time.perf_counter() - start
+
+    def stage(self) -> str | None:
+        """The part of the step running now: "data", a ``StepClock`` phase, or None."""
+        if self.in_data:
+            return "data"
+        return self.clock.name if self.clock is not None else None
 
     def step_done(self) -> None:
         self.window_steps += 1
@@ -171,9 +192,11 @@ class StepMeter:
             yield
         self.tensor_peak = tracker.peak
 
-    def exclude(self, seconds: float) -> None:
-        """Leave ``seconds`` (a checkpoint save) out of the current window."""
+    def exclude(self, seconds: float, what: str) -> None:
+        """Leave ``seconds`` of ``what`` ("checkpoint", "eval", "compile") out of the current
+        window."""
         self.window_start += seconds
+        self.excluded[what] += seconds
 
     def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
                bytes_sent: tuple[int, int], skipped_steps: int, val: dict | None = None,
@@ -181,21 +204,30 @@ class StepMeter:
         """The record of the window that ends at ``step``, with an evaluation's fields
         ``val`` at evaluation steps; collective (averages the loss over ranks). The caller
         logs it, then opens the next window."""
-        if self.runtime.distributed:
-            loss = loss.clone()
-            dist.all_reduce(loss)
-            loss /= self.runtime.world_size
-        synchronize(self.device)
+        synchronize(self.device)  # the one a log needs anyway: CUDA timers are read after it
+        timed = self.clock.take() if self.clock is not None else (0.0, 0.0, 0.0)
+        steps, data = self.window_steps, self.data_wait
+        busy = (time.perf_counter() - self.window_start - timed[1] - data) / steps
+        start = time.perf_counter()
+        loss_value, busy_all = reduce_loss_and_busy(loss, busy, self.runtime)
+        timed = (timed[0], timed[1] + time.perf_counter() - start, timed[2])  # a wait too
+        window_s = time.perf_counter() - self.window_start
+        fields = Breakdown.of(timed, data, window_s, steps).to_fields()
+        fields.update(straggler_fields(busy_all))
+        fields.update(checkpoint_s=self.excluded["checkpoint"], eval_s=self.excluded["eval"])
+        self.straggler_note = self.stragglers.note(
+            fields["slowest_rank"], fields["slowest_busy_s"], fields["median_busy_s"]
+        )
         peak_memory = self.memory.read()
         tensors = peak_memory if self.device.type == "cuda" else self.tensor_peak
         self.tensor_peak = None
         record = MetricsRecord.measure(
-            step=step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(),
-            tokens_per_step=self.tokens_per_step,
-            window_s=time.perf_counter() - self.window_start, window_steps=self.window_steps,
+            step=step, loss=loss_value, lr=lr, grad_norm=grad_norm.item(),
+            tokens_per_step=self.tokens_per_step, window_s=window_s, window_steps=steps,
             world_size=self.runtime.world_size, flops_per_token=self.flops_per_token,
             peak_flops=self.peak_flops, peak_memory=peak_memory, data_wait_s=self.data_wait,
             bytes_sent=bytes_sent, skipped_steps=skipped_steps, peak_tensors=tensors, val=val,
+            breakdown=fields,
         )  # fmt: skip
         self.records.append(record)
         return record

@@ -46,6 +46,21 @@ class MetricsRecord:
     # gradient all-reduce between replicas; 0 under full sharding).
     comm_bytes_sent_intra: int = 0
     comm_bytes_sent_cross: int = 0
+    # The step time by part, seconds per step (train.timing): compute, communication the
+    # compute waited on, data wait, optimizer, and what no timer covers. Checkpoint saves
+    # and evaluations are outside the step time: their seconds in this window, beside it.
+    compute_s: float | None = None
+    comm_exposed_s: float | None = None
+    data_wait_s: float | None = None
+    optimizer_s: float | None = None
+    unattributed_s: float | None = None
+    checkpoint_s: float | None = None
+    eval_s: float | None = None
+    # Stragglers (train.stragglers): the rank with the longest busy time per step (the step
+    # minus its waits on collectives and data), that time, and the median over ranks.
+    slowest_rank: int | None = None
+    slowest_busy_s: float | None = None
+    median_busy_s: float | None = None
     val_loss: float | None = None  # held-out loss, at evaluation steps only
     val_ppl: float | None = None  # exp(val_loss)
     val_tokens: int | None = None  # predicted tokens the evaluation covered
@@ -58,10 +73,12 @@ class MetricsRecord:
         peak_flops: float, peak_memory: int | None, data_wait_s: float,
         bytes_sent: tuple[int, int],
         skipped_steps: int, peak_tensors: int | None = None, val: dict | None = None,
+        breakdown: dict | None = None,
     ) -> MetricsRecord:  # fmt: skip
         """The record of a window of ``window_steps`` steps that took ``window_s`` seconds;
         ``val``: an evaluation's fields (``Evaluation.record_fields``); ``bytes_sent``:
-        (within the shard group, across groups) so far."""
+        (within the shard group, across groups) so far; ``breakdown``: the step-time and
+        straggler fields."""
         tokens_per_s = window_steps * tokens_per_step / window_s
         per_device = tokens_per_s / world_size
         return cls(
@@ -83,6 +100,7 @@ class MetricsRecord:
             comm_bytes_sent_intra=bytes_sent[0],
             comm_bytes_sent_cross=bytes_sent[1],
             **(val or {}),
+            **(breakdown or {}),
         )
 
     def to_json(self) -> dict:

@@ -12,8 +12,29 @@ def log_line(r: MetricsRecord) -> str:
         f"gnorm {r.grad_norm:.3f} | "
         f"{r.step_time_s:.3f}s/step | {r.tokens_per_s_per_device:,.0f} tok/s/dev | "
         f"{r.tflops_per_device:.2f} TFLOP/s | MFU {r.mfu:.1%} | "
-        f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}{comm_text(r)}"
+        f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}{comm_text(r)}{breakdown_text(r)}"
     )
+
+
+# The step-time parts of a record (train.timing), with their short names on the console.
+BREAKDOWN = {
+    "compute_s": "compute",
+    "comm_exposed_s": "comm",
+    "data_wait_s": "data",
+    "optimizer_s": "optim",
+    "unattributed_s": "other",
+}
+
+
+def breakdown_text(r: MetricsRecord) -> str:
+    """`` | compute 71% comm 18% data 1% optim 8% other 2%``, then the seconds spent
+    saving and evaluating in the window (outside the step time) when there were any."""
+    if r.compute_s is None:
+        return ""
+    shares = ((name, getattr(r, key) / r.step_time_s) for key, name in BREAKDOWN.items())
+    parts = " ".join(f"{name} {share:.0%}" for name, share in shares)
+    beside = [f"{what} {s:.2f}s" for what, s in (("ckpt", r.checkpoint_s), ("eval", r.eval_s)) if s]
+    return f" | {parts}" + (f" (+ {', '.join(beside)})" if beside else "")
 
 
 def comm_text(r: MetricsRecord) -> str:

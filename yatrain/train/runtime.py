@@ -23,6 +23,9 @@ class Runtime:
     device: torch.device
     owns_group: bool = False  # created here, so destroyed here (not when a caller made it)
     timeout_s: float = 600.0  # collectives' timeout (groups made later, such as the saves')
+    # The job's key-value store (torchrun's agent store, else the one rank 0 hosts for the
+    # rendezvous), under a prefix of ours: hang reports go through it, not a collective.
+    store: dist.Store | None = None
 
     @property
     def is_main(self) -> bool:
@@ -76,9 +79,39 @@ def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -
             store = dist.HashStore()  # one rank, no rendezvous to join
         if store is not None:
             kwargs.update(store=store, rank=rank, world_size=world_size)
+        if device.type == "cuda":
+            nccl_flight_recorder()
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         owns = True
-    return Runtime(rank, world_size, local_rank, device, owns, timeout_s)
+        if world_size > 1 and store is not None:  # the agent's
+            return Runtime(rank, world_size, local_rank, device, owns, timeout_s, store)
+    kv = _rendezvous_store() if world_size > 1 and dist.is_initialized() else None
+    return Runtime(rank, world_size, local_rank, device, owns, timeout_s, kv)
+
+
+# NCCL's flight recorder (the last collectives of every rank, dumped when NCCL times out or
+# fails): on unless the job sets these itself; where the dumps go (a prefix + the rank).
+FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_RECORDER_FILES = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+FLIGHT_RECORDER_DEFAULT = "/tmp/nccl_trace_rank_"  # NCCL's own default prefix
+
+
+def nccl_flight_recorder() -> str:
+    """Turn on NCCL's flight recorder (before the process group exists); returns the prefix
+    of its dump files."""
+    for key, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(key, value)
+    return os.environ.get(FLIGHT_RECORDER_FILES, FLIGHT_RECORDER_DEFAULT)
+
+
+def _rendezvous_store() -> dist.Store | None:
+    """Without torchrun's agent: a client of the store rank 0 hosts for the rendezvous
+    (``MASTER_ADDR``:``MASTER_PORT``), the one the process group was built on."""
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return None
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+    return dist.PrefixStore("yatrain", client)
 
 
 def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store | None:

@@ -29,13 +29,15 @@ from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend, compile_layers
 from yatrain.train.evaluate import Evaluator, build_evaluator
+from yatrain.train.hang import HangReporter, StackFile
 from yatrain.train.init_from import init_from_source
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
-from yatrain.train.runtime import Runtime
+from yatrain.train.runtime import Runtime, nccl_flight_recorder
+from yatrain.train.tensorboard_logger import require_tensorboard
 from yatrain.train.watchdog import Watchdog
 
 
@@ -91,6 +93,7 @@ def setup(
 ) -> Run:  # fmt: skip
     """Build the run (see the module docstring); collective under torchrun."""
     validate_world_size(recipe, runtime.world_size)
+    require_tensorboard(recipe)
     group = shard_group_size(recipe, runtime.world_size, runtime.local_world_size)
     loggers = Loggers(runtime, progress)
     layers = checkpoint_layers(recipe, runtime, loggers)
@@ -113,9 +116,10 @@ def setup(
                                     loader, runtime, verify=checks.verify)  # fmt: skip
         start_step, skipped = checkpointer.restore(resume, loggers.say)
         loggers.open(run_dir, recipe, start_step)
-        meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step)
+        meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step, engine)
         profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
                                 start_step, loggers.say)  # fmt: skip
+        attach_hang_report(watchdog, runtime, run_dir, start_step, meter, engine)
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
         loggers.say(
@@ -148,6 +152,39 @@ def compile_model(recipe: Recipe, model: nn.Module, run_dir: Path) -> CompileWat
     backend = recipe.train.compile_backend
     compile_layers(model.layers, backend)
     return CompileWatch(backend, run_dir / CACHE_DIRNAME if backend == "inductor" else None)
+
+
+def attach_hang_report(
+    watchdog: Watchdog,
+    runtime: Runtime,
+    run_dir: Path,
+    start_step: int,
+    meter: StepMeter,
+    engine: ShardedEngine,
+) -> None:
+    """Under a watchdog: this rank's stack file, and its side of the hang report (through
+    the job's store, when there is one): what it is doing is the watchdog's phase, the
+    meter's part of the step and the engine's progress."""
+    if not watchdog.active:
+        return
+    reporter = None
+    if runtime.store is not None:
+
+        def snapshot() -> dict:
+            return {"doing": watchdog.current, "stage": meter.stage(), **engine.progress()}
+
+        cuda = runtime.device.type == "cuda"
+        reporter = HangReporter(
+            runtime.store,
+            runtime.rank,
+            runtime.world_size,
+            run_dir,
+            f"{run_dir}@{start_step}",
+            snapshot,
+            grace_s=2 * watchdog.interval + 2,
+            flight_recorder=nccl_flight_recorder() if cuda else None,
+        )
+    watchdog.attach(reporter, StackFile(run_dir, runtime.rank))
 
 
 def _layout(engine: ShardedEngine) -> str:

@@ -21,6 +21,7 @@ from torch import nn
 
 from yatrain.sharding import ShardedEngine
 from yatrain.train.guard import StepGuard
+from yatrain.train.timing import NoClock, StepClock
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro, seq_len]
 # Extra model arguments derived from a micro-batch's inputs (document ids, positions).
@@ -85,18 +86,24 @@ def train_step(
     guard: StepGuard | None = None,
     model_inputs: ModelInputs | None = None,
     loss_fn: LossFn = model_loss,
+    clock: StepClock | None = None,
 ) -> StepOutcome:
     """One optimizer step over this rank's micro-batches (see the module docstring).
 
     Without a guard every step is applied; with one, a non-finite step is not, and the
     caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
     per micro-batch (the loader's document ids and positions); ``loss_fn`` is the model's
-    own fused loss unless a comparison needs the plain one (``logits_loss``)."""
+    own fused loss unless a comparison needs the plain one (``logits_loss``); ``clock``
+    times the step's parts (``timing.StepClock``)."""
     engine.expect_micro_batches(len(micro_batches))  # hybrid: the last one starts the all-reduce
+    clock = clock or NoClock()
+    clock.phase("model")
     loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs, loss_fn)
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
+    clock.phase("guard")
     stop, nonfinite = guard.check(loss_sum, grad_norm) if guard else (False, False)
+    clock.phase("optimizer")
     bad_weights = False
     if not nonfinite:
         optimizer.step()
@@ -104,4 +111,5 @@ def train_step(
             shards = [p for group in optimizer.param_groups for p in group["params"]]
             bad_weights = not guard.weights_finite(shards)
     engine.after_step()
+    clock.phase(None)
     return StepOutcome(loss_sum / len(micro_batches), grad_norm, stop, nonfinite, bad_weights)

@@ -7,6 +7,10 @@ checks every few seconds and, when one phase has lasted ``train.collective_timeo
 prints one line naming the step and this rank and ends the process (the run directory's
 lock goes with it; ``--resume auto`` continues from the last checkpoint). The process
 group's own timeout is set a minute later, as a backstop.
+
+Once ``attach``-ed to a run (``hang.py``), it also keeps the rank's stack file armed for the
+same timeout, answers other ranks' requests for a hang report, and before it stops the
+process takes part in that report, which names the rank that hung or died.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import sys
 import threading
 import time
 
+from yatrain.train.hang import HangReporter, StackFile
+
 EXIT_CODE = 3  # a stuck collective (2: a user error, 130: stopped by a signal)
 
 
@@ -24,40 +30,79 @@ class Watchdog:
 
     def __init__(self, timeout_s: float, rank: int, active: bool) -> None:
         self.timeout_s, self.rank = timeout_s, rank
+        self.interval = min(5.0, max(timeout_s / 5, 0.1))  # between checks
         self._phase: str | None = None
         self._since = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
+        self.reporter: HangReporter | None = None
+        self.stacks: StackFile | None = None
+        self.active = active
+        self._standing_down = False
+        self.stopping = threading.Event()  # set once this thread ends the process
         if active:
             self._thread = threading.Thread(target=self._watch, name="yatrain-watchdog",
                                             daemon=True)  # fmt: skip
             self._thread.start()
 
+    @property
+    def current(self) -> str | None:
+        return self._phase
+
+    def attach(self, reporter: HangReporter | None, stacks: StackFile | None) -> None:
+        """Report through ``reporter`` and keep ``stacks`` armed (both only when active)."""
+        if self.active:
+            self.reporter, self.stacks = reporter, stacks
+
     def phase(self, what: str | None) -> None:
         """What the run is doing from now on (None: nothing to watch)."""
         with self._lock:
             self._phase, self._since = what, time.monotonic()
+        if self.stacks is not None and not self._standing_down:
+            self.stacks.arm(self.timeout_s if what is not None else None)
+
+    def stand_down(self) -> None:
+        """Stop watching but keep the phase (a rank that reports a lost peer is not stuck,
+        and its note still says where it was)."""
+        self._standing_down = True
+        if self.stacks is not None:
+            self.stacks.arm(None)
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.stacks is not None:
+            self.stacks.close()
+            self.stacks = None
 
     def _watch(self) -> None:
-        interval = min(5.0, max(self.timeout_s / 5, 0.1))
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.interval):
             with self._lock:
                 phase, waited = self._phase, time.monotonic() - self._since
-            if phase is not None and waited >= self.timeout_s:
+            if phase is not None and waited >= self.timeout_s and not self._standing_down:
                 self._stop_process(phase, waited)
+            reporter = self.reporter
+            if reporter is not None and not reporter.published and reporter.requested():
+                reporter.publish("asked for by another rank")
+
+    def wait_for_exit(self, seconds: float = 60.0) -> None:
+        """Block a thread that would print a second error line while this one ends the
+        process (the collective it was stuck in failing once a peer is gone)."""
+        time.sleep(seconds)
 
     def _stop_process(self, phase: str, waited: float) -> None:
+        self.stopping.set()
+        which = "its output says which"
+        if self.reporter is not None:
+            self.reporter.report(f"{phase} made no progress for {waited:.0f} s")
+            which = f"the hang report, {self.reporter.run_dir / 'hang/report.txt'}, names it"
         sys.stderr.write(
             f"yatrain: error (rank {self.rank}): {phase} has made no progress for "
             f"{waited:.0f} s (train.collective_timeout_s {self.timeout_s:g}): a collective is "
-            "stuck because another rank hung or died (its output says which); stopping this "
-            "rank, continue with --resume auto\n"
+            f"stuck because another rank hung or died ({which}); stopping this rank, "
+            "continue with --resume auto\n"
         )
         sys.stderr.flush()
         os._exit(EXIT_CODE)  # the main thread is blocked in the collective: end it here

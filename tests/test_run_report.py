@@ -1,0 +1,83 @@
+"""``yatrain report``: charts and one self-contained HTML page for one run or several, a
+run in progress included, and the page renders in a real browser (headless Chromium)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+from conftest import FAST, ROOT
+from test_failures import one_line_error, yatrain
+
+from yatrain.config import load_recipe
+from yatrain.train.loop import pretrain
+from yatrain.train.run_charts import LINES
+from yatrain.train.run_report import write_report
+
+CHARTS = [stem for stem, *_ in LINES] + ["step_time"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(small_data, tmp_path_factory):
+    """A finished run with evaluations, and a copy caught mid-write (half a last line) that
+    stopped on a hang (its report in hang/)."""
+    root = tmp_path_factory.mktemp("runs")
+    overrides = [*FAST, f"data.path={small_data}", "eval.every=2", "checkpoint.enabled=false"]
+    recipe = load_recipe(ROOT / "recipes/tiny.yaml", overrides)
+    pretrain(recipe, run_dir=root / "done", steps=4, progress=False)
+    live = root / "live"
+    shutil.copytree(root / "done", live)
+    metrics = (live / "metrics.jsonl").read_text().splitlines()
+    (live / "metrics.jsonl").write_text("\n".join(metrics[:3]) + "\n" + metrics[3][:40])
+    (live / "hang").mkdir()
+    (live / "hang/report.txt").write_text("yatrain: hang report (by rank 0, x): rank 2 is behind\n")
+    return root / "done", live
+
+
+def test_report_of_two_runs_is_one_self_contained_page(two_runs, tmp_path):
+    done, live = two_runs
+    page = write_report([done, live], tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        [f"{c}.png" for c in CHARTS] + ["report.html"]
+    )
+    text = page.read_text()
+    assert len(re.findall(r'<img alt="[a-z_]+" src="data:image/png;base64,', text)) == len(CHARTS)
+    assert not re.search(r'(src|href)="(?!data:)', text)  # nothing fetched from elsewhere
+    assert "4 records, last at step 4" in text and "3 records, last at step 3" in text
+    assert "Step time by part (after step 1): compute" in text
+    assert "<h3>Hang report</h3>" in text and "rank 2 is behind" in text
+    assert text.count("<h3>Hang report</h3>") == 1  # only the run that has one
+
+
+def test_report_command_and_its_errors(two_runs, isolated_env, tmp_path):
+    done, _ = two_runs
+    result = yatrain("report", str(done), "--output", str(tmp_path / "r"), env=isolated_env)
+    assert result.returncode == 0 and "wrote" in result.stderr, result.stderr
+    assert (tmp_path / "r/report.html").is_file()
+    missing = yatrain("report", str(tmp_path / "nothing"), env=isolated_env)
+    one_line_error(missing, "has no metrics.jsonl")
+
+
+def test_the_html_report_renders_in_headless_chromium(two_runs, tmp_path):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium installed (apt-get install chromium): browser check skipped")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
+    page_path = write_report(list(two_runs), tmp_path / "out")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(page_path.as_uri())
+            images = page.evaluate(
+                "Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
+            )
+        finally:
+            browser.close()
+    assert [alt for alt, *_ in images] == CHARTS
+    assert all(complete and width > 0 for _, complete, width in images), images
+    assert errors == []

@@ -1,0 +1,89 @@
+"""The step-time breakdown: every record splits its step into timed parts, and a delay
+injected into each gather shows up as exposed communication, that delay times the gathers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import FAST, ROOT
+from distributed import run_ranks
+
+from yatrain.config import load_recipe
+from yatrain.sharding import comm
+from yatrain.train.loop import pretrain
+from yatrain.train.record import read_metrics
+from yatrain.train.report import BREAKDOWN
+
+DELAY_S = 0.2  # added to the wait of every all-gather in the slowed run
+STEPS = 4
+QUIET = ["checkpoint.enabled=false", "train.log_every=2"]  # no save gathers outside steps
+
+
+class _SlowWork:
+    """A gather's work whose ``wait`` first sleeps ``DELAY_S`` (as a slow link would)."""
+
+    def __init__(self, work, counter: list[int]) -> None:
+        self.work, self.counter = work, counter
+
+    def wait(self):
+        self.counter[0] += 1
+        time.sleep(DELAY_S)
+        return self.work.wait()
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+def _exposed_comm(rank: int, world: int, data, run_dir, delay: bool) -> tuple[float, int]:
+    """(exposed communication summed over the run's steps, gathers waited) on this rank."""
+    counter = [0]
+    real = comm.GlooCommunicator.all_gather
+    if delay:
+
+        def slow_gather(self, out, shard):
+            handle = real(self, out, shard)
+            handle.work = _SlowWork(handle.work, counter)
+            return handle
+
+        comm.GlooCommunicator.all_gather = slow_gather
+    try:
+        recipe = load_recipe(ROOT / "recipes/tiny.yaml", [*FAST, f"data.path={data}", *QUIET])
+        pretrain(recipe, run_dir=run_dir, steps=STEPS, progress=False)
+    finally:
+        comm.GlooCommunicator.all_gather = real
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r.step - previous.step for previous, r in zip(records, records[1:], strict=False)]
+    windows = zip([records[0].step, *steps], records, strict=True)
+    return sum(n * r.comm_exposed_s for n, r in windows), counter[0]
+
+
+def _both_runs(rank: int, world: int, data, tmp) -> tuple:
+    base, _ = _exposed_comm(rank, world, data, tmp / "base", delay=False)
+    slowed, gathers = _exposed_comm(rank, world, data, tmp / "slow", delay=True)
+    return base, slowed, gathers
+
+
+def test_a_delay_in_each_gather_is_exposed_communication(small_data, tmp_path):
+    """Rank 0's records (the ones logged): the slowed run's exposed communication exceeds
+    the plain run's by the delay times the gathers rank 0 waited on, within 10%."""
+    (base, slowed, gathers), _ = run_ranks(2, _both_runs, small_data, tmp_path)
+    assert gathers >= 4 * STEPS  # embedding, 2 layers, head, at least once a step
+    assert slowed - base == pytest.approx(gathers * DELAY_S, rel=0.10)
+
+
+def test_every_record_splits_its_step_into_parts(small_data, tmp_path):
+    overrides = [*FAST, f"data.path={small_data}", "checkpoint.every=2"]
+    recipe = load_recipe(ROOT / "recipes/tiny.yaml", overrides)
+    pretrain(recipe, run_dir=tmp_path / "run", steps=4, progress=False)
+    records = read_metrics(tmp_path / "run/metrics.jsonl")
+    assert [r.step for r in records] == [1, 2, 3, 4]
+    for r in records:
+        parts = [getattr(r, key) for key in BREAKDOWN]
+        assert all(part >= 0 for part in parts[:-1]) and r.compute_s > 0, r
+        assert sum(parts) == pytest.approx(r.step_time_s, rel=1e-9)  # the rest is unattributed
+        assert r.slowest_rank == 0 and r.slowest_busy_s == r.median_busy_s > 0
+    # a save is outside the step time, reported beside it in the next record (it follows
+    # the log of its step)
+    assert [r.checkpoint_s > 0 for r in records] == [False, False, True, False]
+    assert all(r.eval_s == 0 for r in records)

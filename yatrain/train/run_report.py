@@ -1,0 +1,125 @@
+"""``yatrain report RUN_DIR [RUN_DIR...]``: a run (or several, side by side) as PNGs and one
+self-contained HTML page.
+
+It reads each run's ``metrics.jsonl`` (a run still in progress works: a line being written
+is left out), draws the charts (``run_charts``) and writes ``report.html`` with the images
+inside it as data URIs, a table per run (the summary the console prints at the end, plus
+the step-time breakdown and the slowest rank) and, where a run stopped on a hang, its hang
+report: a file that opens with no network and no other file beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from yatrain.errors import ConfigError
+from yatrain.train.hang import hang_dir
+from yatrain.train.record import MetricsRecord
+from yatrain.train.report import BREAKDOWN, format_summary, run_summary
+from yatrain.train.run_charts import Runs, draw_charts
+
+
+def read_run(run_dir: Path) -> list[MetricsRecord]:
+    """The records of ``run_dir`` so far; a last line still being written is left out."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(
+            f"{run_dir} has no metrics.jsonl: pass a run directory that a "
+            "`yatrain pretrain` has logged at least one step into"
+        )
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for index, line in enumerate(lines):
+        try:
+            records.append(MetricsRecord.from_json(json.loads(line)))
+        except json.JSONDecodeError:
+            if index == len(lines) - 1:
+                break  # being written right now
+            raise ConfigError(f"{path} line {index + 1} is not JSON: the file is damaged") from None
+    if not records:
+        raise ConfigError(f"{path} holds no record yet: wait for the run's first logged step")
+    return records
+
+
+def write_report(run_dirs: list[Path], out_dir: Path) -> Path:
+    """The PNGs and ``report.html`` in ``out_dir``; returns the HTML file's path."""
+    labels = _labels(run_dirs)
+    runs: Runs = {label: read_run(d) for label, d in zip(labels, run_dirs, strict=True)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = draw_charts(runs, out_dir)
+    sections = [
+        _run_section(label, d, runs[label]) for label, d in zip(labels, run_dirs, strict=True)
+    ]
+    figures = "\n".join(
+        f'<figure><img alt="{p.stem}" src="data:image/png;base64,'
+        f'{base64.b64encode(p.read_bytes()).decode()}"></figure>'
+        for p in images
+    )
+    title = "yatrain report: " + ", ".join(labels)
+    page = _PAGE.format(title=html.escape(title), figures=figures, sections="\n".join(sections))
+    path = out_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    """Each run's directory name, with its parent when two names are the same."""
+    names = [d.name for d in run_dirs]
+    return [f"{d.parent.name}/{d.name}" if names.count(d.name) > 1 else d.name for d in run_dirs]
+
+
+def _run_section(label: str, run_dir: Path, records: list[MetricsRecord]) -> str:
+    """A run's summary table, its step-time shares, its stragglers and any hang report."""
+    last = records[-1]
+    summary = run_summary(records, float("nan"), run_dir, "-", 0)
+    summary.pop("wall_time_s"), summary.pop("dtype"), summary.pop("world_size")
+    timed = [r for r in records if r.compute_s is not None and r.step > 1] or [
+        r for r in records if r.compute_s is not None
+    ]
+    shares = ""
+    if timed:
+        total = sum(r.step_time_s for r in timed)
+        parts = ", ".join(
+            f"{name} {sum(getattr(r, key) for r in timed) / total:.1%}"
+            for key, name in BREAKDOWN.items()
+        )
+        shares = f"<p>Step time by part (after step 1): {html.escape(parts)}.</p>"
+    if last.slowest_rank is not None and last.median_busy_s:
+        ratio = last.slowest_busy_s / last.median_busy_s
+        shares += (
+            f"<p>At step {last.step} the slowest rank was {last.slowest_rank}, busy "
+            f"{ratio:.2f}x the median.</p>"
+        )
+    hang = hang_dir(run_dir) / "report.txt"
+    stuck = (
+        f"<h3>Hang report</h3><pre>{html.escape(hang.read_text())}</pre>" if hang.is_file() else ""
+    )
+    return (
+        f"<section><h2>{html.escape(label)}</h2><p>{html.escape(str(run_dir))}, "
+        f"{len(records)} records, last at step {last.step}.</p>"
+        f"<pre>{html.escape(format_summary(summary))}</pre>{shares}{stuck}</section>"
+    )
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 1100px; }}
+figure {{ display: inline-block; margin: 0.5em; }}
+img {{ max-width: 100%; border: 1px solid #ddd; }}
+pre {{ background: #f6f6f6; padding: 0.8em; overflow-x: auto; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+{figures}
+{sections}
+</body>
+</html>
+"""
