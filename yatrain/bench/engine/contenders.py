@@ -40,6 +40,7 @@ from yatrain.sharding import ShardedEngine
 from yatrain.train.compile import compile_layers
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import cross_entropy, logits_loss, model_loss, train_step
+from yatrain.train.timing import StepClock
 
 CONTENDERS = (
     "yatrain",
@@ -58,6 +59,7 @@ LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0
 class Trainer:
     step: Callable  # step(micro_batches) -> detached mean loss tensor
     engine_bytes: Callable[[], int] | None = None  # the engine's own counter (yatrain)
+    clock: StepClock | None = None  # yatrain: the loop's step-time breakdown (train/timing.py)
     extra: dict = field(default_factory=dict)
 
 
@@ -94,11 +96,15 @@ def build_yatrain(
     )
     opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), optim_cfg)
 
+    clock = StepClock(engine, device)
+
     def step(micros):
-        return train_step(model, engine, opt, micros, grad_clip=CLIP, loss_fn=loss_fn).loss
+        return train_step(
+            model, engine, opt, micros, grad_clip=CLIP, loss_fn=loss_fn, clock=clock
+        ).loss
 
     extra = {"optimizer": type(opt).__name__ + _opt_kind(opt)}
-    return Trainer(step, engine_bytes=lambda: engine.bytes_sent, extra=extra)
+    return Trainer(step, engine_bytes=lambda: engine.bytes_sent, clock=clock, extra=extra)
 
 
 def build_fsdp2(o: dict, device: torch.device, compiled=False) -> Trainer:

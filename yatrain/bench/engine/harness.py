@@ -93,6 +93,8 @@ def _per_step(res: dict, trainer: Trainer, loss, prof: cProfile.Profile | None) 
     res["engine_bytes_per_step"] = engine / steps if trainer.engine_bytes else None
     res["loss"] = float(loss)
     res["extra"] = trainer.extra
+    if trainer.clock is not None:  # (compute, exposed communication, optimizer) per step
+        res["breakdown"] = [seconds / steps for seconds in trainer.clock.take()]
     if prof is not None:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
@@ -122,6 +124,10 @@ def time_rank(rank: int, world: int, o: dict, names: list[str], profile: bool = 
         measured = index >= o["warmup"]
         if index == o["warmup"]:
             dist.barrier()
+            for trainer in trainers.values():
+                if trainer.clock is not None:
+                    _sync(device)
+                    trainer.clock.take()  # the breakdown covers the measured steps only
         for name in names:
             prof = profilers.get(name) if measured else None
             losses[name] = _timed_step(trainers[name], out[name], micros, counter, device,
@@ -194,6 +200,8 @@ def _add_repeat(a: dict, per_rank: list[dict]) -> None:
         a["engine_bytes"].append(per_rank[0]["engine_bytes_per_step"])
     a["loss"].append(sum(x["loss"] for x in per_rank) / len(per_rank))
     a["extra"] = per_rank[0]["extra"]
+    if "breakdown" in per_rank[0]:
+        a.setdefault("breakdown", []).append(per_rank[0]["breakdown"])
     steps = max(len(per_step), 1)
     a["calls"] = {fn: n / steps for fn, n in per_rank[0]["calls"].items()}
 

@@ -57,6 +57,12 @@ def _print_setup(args: argparse.Namespace, agg: dict[str, dict], peak: float, sr
         if a["engine_bytes"]:
             note += f"; engine.bytes_sent/step {_size(median(a['engine_bytes']))}"
         note += f"; build {median(a['build']):.2f}s"
+        if "breakdown" in a:  # rank 0's mean per measured step, medians over the repeats
+            parts = [median(p[i] for p in a["breakdown"]) for i in range(3)]
+            note += (
+                f"; of a step: compute {parts[0]:.3f}s, exposed communication "
+                f"{parts[1]:.3f}s, optimizer {parts[2]:.3f}s"
+            )
         print(note)
         if a.get("live_breakdown"):
             parts = ", ".join(
