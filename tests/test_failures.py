@@ -190,9 +190,10 @@ def test_a_lost_or_hung_peer_ends_rank_0_with_one_line(
     result = torchrun(args, env, tmp_path / "logs")
     assert result.returncode != 0 and time.monotonic() - start < 120
     err = rank_stderr(tmp_path / "logs", 0)
-    assert "Traceback" not in err, err[-3000:]
+    seen = f"{err[-3000:]}\n--- torchrun's own output:\n{result.stderr[-2000:]}"
+    assert "Traceback" not in err, seen
     errors = [line for line in err.splitlines() if line.startswith("yatrain: error (rank 0)")]
-    assert len(errors) == 1 and needle in errors[0], err[-3000:]
+    assert len(errors) == 1 and needle in errors[0], seen
 
 
 def test_machine_failures_are_explained_and_bugs_are_not():

@@ -18,14 +18,15 @@ TIMEOUT = "--set=train.collective_timeout_s=3"
 WORLD_4 = "--set=data.global_batch_size=8"  # 2 sequences per rank per step
 
 
-def _run_faulty(data: Path, env: dict, tmp_path: Path, fault: str) -> tuple[Path, list[str]]:
-    """Rank 2 runs ``fault`` before step 3; returns the run dir and every rank's stderr."""
+def _run_faulty(data: Path, env: dict, tmp_path: Path, fault: str) -> tuple[Path, list[str], str]:
+    """Rank 2 runs ``fault`` before step 3; returns the run dir, every rank's stderr and
+    torchrun's own (which worker failed first, which it had to stop: shown on a failure)."""
     env = inject(env, tmp_path / "inject", at_step(rank=2, step=3, action=fault))
     run_dir = tmp_path / "run"
     args = pretrain_args(data, run_dir, "--steps", "50", TIMEOUT, WORLD_4)
     result = torchrun(args, env, tmp_path / "logs", nproc=WORLD)
     assert result.returncode != 0
-    return run_dir, [rank_stderr(tmp_path / "logs", r) for r in range(WORLD)]
+    return run_dir, [rank_stderr(tmp_path / "logs", r) for r in range(WORLD)], result.stderr
 
 
 def _one_report(run_dir: Path, errs: list[str]) -> list[str]:
@@ -42,33 +43,34 @@ def _one_report(run_dir: Path, errs: list[str]) -> list[str]:
     return lines
 
 
-def _one_error_line(err: str, rank: int) -> str:
+def _one_error_line(err: str, rank: int, agent: str) -> str:
     errors = [line for line in err.splitlines() if line.startswith("yatrain: error")]
-    assert len(errors) == 1 and errors[0].startswith(f"yatrain: error (rank {rank})"), err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
+    seen = f"{err[-3000:]}\n--- torchrun's own output:\n{agent[-2000:]}"
+    assert len(errors) == 1 and errors[0].startswith(f"yatrain: error (rank {rank})"), seen
+    assert "Traceback" not in err, seen
     return errors[0]
 
 
 def test_a_rank_hung_in_compute_is_named_behind(small_data, isolated_env, tmp_path):
-    run_dir, errs = _run_faulty(small_data, isolated_env, tmp_path, HANG)
+    run_dir, errs, agent = _run_faulty(small_data, isolated_env, tmp_path, HANG)
     report = _one_report(run_dir, errs)
     assert report[0].endswith("rank 2 is behind"), report
     (culprit,) = [line for line in report if line.endswith("<- behind")]
     assert culprit.startswith("  rank 2: step 3, loading data (not in a collective)"), report
     assert any(line.startswith("  ranks 0-1, 3: step 3, waiting in an all-") for line in report)
     for rank in (0, 1, 3):
-        assert "step 3 has made no progress" in _one_error_line(errs[rank], rank)
+        assert "step 3 has made no progress" in _one_error_line(errs[rank], rank, agent)
     stack = (run_dir / "hang/stack-rank2.txt").read_text()
     assert "_next_batch" in stack and "sitecustomize" in stack  # where it hangs
 
 
 def test_a_killed_rank_is_named_missing(small_data, isolated_env, tmp_path):
-    run_dir, errs = _run_faulty(small_data, isolated_env, tmp_path, DIE)
+    run_dir, errs, agent = _run_faulty(small_data, isolated_env, tmp_path, DIE)
     report = _one_report(run_dir, errs)
     assert report[0].endswith("rank 2 sent nothing (dead, or cannot run Python)"), report
     assert not any(line.endswith("<- behind") for line in report), report
     for rank in (0, 1, 3):
-        _one_error_line(errs[rank], rank)
+        _one_error_line(errs[rank], rank, agent)
         assert (run_dir / f"hang/stack-rank{rank}.txt").stat().st_size > 0
 
 
