@@ -59,6 +59,12 @@ class StepGuard:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return not bool(flag.item())
 
-    def restore(self) -> None:
+    def restore(self, failing: bool = False) -> None:
+        """Put the previous handlers back. A rank of a distributed run that is ending on an
+        error ignores SIGTERM from then on: torchrun sends it to every rank once one exits,
+        and it must not cut off this rank's one error line (torchrun's SIGKILL still comes
+        after its grace period)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if failing and self._previous and dist.is_initialized() and dist.get_world_size() > 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)

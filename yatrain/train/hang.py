@@ -140,6 +140,16 @@ class HangReporter:
                     notes[rank] = json.loads(self.store.get(key))
         return notes
 
+    def stopped(self) -> None:
+        """Say this rank has printed its line, then wait (bounded) for every other rank that
+        sent a note to say the same: the first rank to exit makes torchrun stop the rest, and
+        a rank stopped before its line would leave its log without one."""
+        keys = [f"note/{r}" for r in range(self.world_size)]
+        with contextlib.suppress(Exception):
+            self.store.set(f"stopped/{self.rank}", "1")
+            sent = [r for r, key in enumerate(keys) if self.store.check([key])]
+            self._wait_for(lambda: self.store.check([f"stopped/{r}" for r in sent]), self.grace_s)
+
     @staticmethod
     def _wait_for(ready: Callable[[], bool], seconds: float) -> None:
         deadline = time.monotonic() + seconds

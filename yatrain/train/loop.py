@@ -99,7 +99,7 @@ def train(run: Run) -> dict:
     guard = StepGuard(run.runtime.device)
     run.loggers.start_progress(total, run.start_step)
     run.meter.start(first_step=run.start_step + 1)
-    evaluated = False
+    evaluated, failing = False, False
     try:
         for step_number in range(run.start_step + 1, total + 1):
             run.step_number = step_number
@@ -130,9 +130,12 @@ def train(run: Run) -> dict:
             summary |= run.compiler.summary()
         run.loggers.summary(summary)
         return summary
+    except BaseException:
+        failing = True
+        raise
     finally:
         run.profiler.close()
-        guard.restore()
+        guard.restore(failing)
 
 
 def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, float]:

@@ -105,4 +105,6 @@ class Watchdog:
             "continue with --resume auto\n"
         )
         sys.stderr.flush()
+        if self.reporter is not None:
+            self.reporter.stopped()
         os._exit(EXIT_CODE)  # the main thread is blocked in the collective: end it here
