@@ -64,10 +64,13 @@ class Communicator:
         self.entered = 0  # collectives issued on this communicator
         self.clock: IntervalClock | None = None  # times ``wait`` (set by the engine)
 
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> Handle:
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, fill: Step = None) -> Handle:
         """Gather every rank's ``shard`` into ``out``. A shard of another dtype than ``out``
         (an fp32 master under bf16 weights) is cast into this rank's own slice of ``out``,
-        which is then gathered in place: no cast copy of the shard is kept."""
+        which is then gathered in place: no cast copy of the shard is kept. ``fill`` writes
+        ``shard`` first, in stream order (a float8 cast into this rank's slice)."""
+        if fill is not None:
+            fill()
         if out.data_ptr() != shard.data_ptr():
             out.copy_(shard)
         return Handle(done=True)
@@ -100,6 +103,11 @@ class Communicator:
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """Synchronous sum across ranks (used once per step for the gradient norm)."""
 
+    def all_reduce_max(self, tensor: torch.Tensor) -> int:
+        """Synchronous maximum across ranks (float8's amaxes, once per step); returns the
+        bytes this rank sent for it (they count in ``bytes_sent`` too)."""
+        return 0
+
     def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         """Sum ``tensor`` across ranks in place, asynchronously (the replicas' gradients);
         on CUDA ordered after the collective ``after`` of another communicator (on CPU the
@@ -109,13 +117,20 @@ class Communicator:
     def _wait(self, handle: Handle) -> None:
         raise NotImplementedError
 
-    def _timed_all_reduce(self, tensor: torch.Tensor) -> None:
-        """A synchronous sum over the group (the gradient norm's), timed as a wait."""
+    def _timed_all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+        """A synchronous reduction over the group (the gradient norm's sum, float8's
+        amaxes), timed as a wait."""
         self.entered += 1
         mark = self.clock.start("all-reduce") if self.clock is not None else None
-        dist.all_reduce(tensor, group=self.group)
+        dist.all_reduce(tensor, op=op, group=self.group)
         if self.clock is not None:
             self.clock.stop(mark)
+
+    def _max_counted(self, tensor: torch.Tensor) -> int:
+        sent = ring_bytes(2 * tensor.numel() * tensor.element_size(), self.world_size)
+        self.bytes_sent += sent
+        self._timed_all_reduce(tensor, dist.ReduceOp.MAX)
+        return sent
 
     def _count(self, full: torch.Tensor) -> None:
         self.entered += 1
@@ -148,10 +163,11 @@ class GlooCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
-    def all_gather(self, out, shard) -> Handle:
+    def all_gather(self, out, shard, fill=None) -> Handle:
         source, cast = self._gather_input(out, shard)
-        if cast is not None:
-            cast()
+        for step in (fill, cast):
+            if step is not None:
+                step()
         self._count(out)
         work = dist.all_gather_single(out, source, group=self.group, async_op=True)
         return Handle(work=work, kind="all-gather")
@@ -181,6 +197,9 @@ class GlooCommunicator(Communicator):
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         self._timed_all_reduce(tensor)
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> int:
+        return self._max_counted(tensor)
 
     def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         self._count_all_reduce(tensor)
@@ -221,12 +240,15 @@ class CudaStreamCommunicator(Communicator):
             landed.record(self.stream)
         return Handle(event=landed, kind=kind)
 
-    def all_gather(self, out, shard) -> Handle:
+    def all_gather(self, out, shard, fill=None) -> Handle:
         self._count(out)
         source, cast = self._gather_input(out, shard)
+        steps = [step for step in (fill, cast) if step is not None]
+        before = (lambda: [step() for step in steps]) if steps else None
         return self._on_comm_stream(
-            lambda: dist.all_gather_single(out, source, group=self.group), cast, kind="all-gather"
-        )
+            lambda: dist.all_gather_single(out, source, group=self.group), before,
+            kind="all-gather",
+        )  # fmt: skip
 
     def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
         self._count(full)
@@ -251,6 +273,9 @@ class CudaStreamCommunicator(Communicator):
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         self._timed_all_reduce(tensor)  # on the compute stream: exposed by construction
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> int:
+        return self._max_counted(tensor)  # on the compute stream, like the sum
 
     def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
         self._count_all_reduce(tensor)

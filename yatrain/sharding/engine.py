@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from yatrain.sharding.buffers import Buffer, gather_buffers, grad_slots
 from yatrain.sharding.comm import Communicator, CudaStreamCommunicator
 from yatrain.sharding.contract import InitHooks, ShardableModel, backward_reads_weights
+from yatrain.sharding.float8 import Float8Format, Float8Gathers
 from yatrain.sharding.gradients import GradientFinish
 from yatrain.sharding.groups import communicators
 from yatrain.sharding.hooks import UnitSchedule
@@ -62,6 +63,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         mesh: DeviceMesh | None = None,
         force_process_group: bool = False,
         piece_numel: int = PIECE_NUMEL,
+        float8: Float8Format | None = None,
     ) -> None:
         if prefetch_depth < 1:
             raise ValueError("prefetch_depth must be at least 1")
@@ -94,6 +96,11 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         # A tied unit (layout.borrows) uses its home unit's shard, gradient and state.
         self.home = [i if lay.owns else lay.borrows for i, lay in enumerate(self.layouts)]
         self.owned = [i for i, home in enumerate(self.home) if home == i]
+        # Units gathered in float8 (float8.py); one process computes from its shard instead.
+        self.float8 = None
+        if float8 is not None and not self.direct:
+            self.float8 = Float8Gathers(float8, self.layouts, self.rank, self.device)
+        self.gathered_bytes = [0] * self.n_units  # sent in each unit's gathers (benchmarks)
         self.plan = self.buffer_plan()
         self._materialize(units, norms, init)
         self._allocate_buffers()
@@ -120,7 +127,8 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         ``group`` (full sharding over it) or ``mesh`` (2-D: replicas x shard group, see
         groups.py), ``force_process_group`` (use the process group's collectives and the
         buffers even with one rank, as with many: how one GPU tests the real path),
-        ``piece_numel`` (elements per rank of one reduce-scatter piece, ``sizes.py``)."""
+        ``piece_numel`` (elements per rank of one reduce-scatter piece, ``sizes.py``),
+        ``float8`` (gather the weights it names in float8, ``float8.py``)."""
         return cls(model, init or InitHooks.from_seed(model, seed), device=device, **options)
 
     def buffer_plan(self) -> EngineBuffers:
@@ -135,7 +143,12 @@ class ShardedEngine(GradientFinish, UnitSchedule):
             prefetch_depth=self.prefetch_depth,
             direct=self.direct,
             piece_numel=self.piece_numel,
+            fp8_units=[self.gathers_fp8(i) for i in range(self.n_units)],
         )
+
+    def gathers_fp8(self, unit: int) -> bool:
+        """Is ``unit`` gathered in float8?"""
+        return self.float8 is not None and self.float8.gathers(unit)
 
     # ------------------------------------------------------------------ construction
     def _materialize(self, units, norms, init: InitHooks) -> None:
@@ -234,6 +247,8 @@ class ShardedEngine(GradientFinish, UnitSchedule):
             self.small_compute.copy_(self.small_master)
         for param in self.unit_params:
             param.grad = None
+        if self.float8 is not None:
+            self.float8.fresh = False  # new masters: new scales before the next gather
         self.small_grad.zero_()
         if self.small_grad is not self.small_param.grad:
             self.small_param.grad.zero_()

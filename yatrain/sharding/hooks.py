@@ -84,8 +84,19 @@ class UnitSchedule:
         if buf.owner == unit:
             return
         buf.owner = unit
-        full = buf.data[: self.layouts[unit].padded_numel]
-        buf.handle = self.comm.all_gather(full, self.unit_master[unit])  # casts in place (bf16)
+        layout, shard = self.layouts[unit], self.unit_master[unit]
+        sent = self.comm.bytes_sent
+        if self.gathers_fp8(unit):
+            full = buf.data.view(torch.uint8)[: layout.padded_numel]
+            own = full.narrow(0, self.rank * layout.shard_numel, layout.shard_numel)
+            if not self.float8.fresh:
+                self.float8.refresh(self.unit_master, self.comm.all_reduce_max)
+            cast = functools.partial(self.float8.cast, unit, shard, own)
+            buf.handle = self.comm.all_gather(full, own, fill=cast)
+        else:
+            full = buf.data[: layout.padded_numel]
+            buf.handle = self.comm.all_gather(full, shard)  # casts in place (bf16)
+        self.gathered_bytes[unit] += self.comm.bytes_sent - sent
 
     def _ensure_gathered(self, unit: int) -> torch.Tensor:
         self._gather(unit)
@@ -127,7 +138,11 @@ class UnitSchedule:
         track = torch.is_grad_enabled()
         leaves = []
         layout = self.layouts[unit]
-        for index, (slot, view) in enumerate(zip(layout.slots, layout.views(flat), strict=True)):
+        if self.gathers_fp8(unit):
+            views = self.float8.weights(unit, layout, flat.view(torch.uint8), self.param_dtype)
+        else:
+            views = layout.views(flat)
+        for index, (slot, view) in enumerate(zip(layout.slots, views, strict=True)):
             if track:
                 view.requires_grad_(True)
                 view.register_post_accumulate_grad_hook(

@@ -20,6 +20,8 @@ The rules, and why:
   tensors. A unit with a single weight tensor (an embedding, an output head) produces its
   gradient as one fresh tensor anyway (autograd allocates it), so the engine reduces that
   tensor directly and needs no buffer for it.
+- A unit gathered in float8 (``float8.py``) needs one byte per element: its gather size
+  counts in the run dtype's elements, so a rotation of float8 layers is half a bf16 one.
 - Reduce-scatter staging: a gradient is cast and reduce-scattered in pieces of
   ``piece_numel`` elements per rank through one small staging buffer of ``world x piece``
   elements in the reduce dtype; each piece's result lands in its place of the fp32 gradient
@@ -94,6 +96,19 @@ class EngineBuffers:
         return self.gather_bytes() + self.gradient_bytes()
 
 
+def gather_numels(
+    padded_numels: Sequence[int], fp8_units: Sequence[bool], dtype: torch.dtype
+) -> list[int]:
+    """Each unit's gather size in elements of the run's ``dtype``: a unit gathered in
+    float8 (``float8.py``) needs one byte per element, in a buffer of the run's dtype."""
+    if not fp8_units:
+        return list(padded_numels)
+    return [
+        -(-n // dtype.itemsize) if fp8 else n
+        for n, fp8 in zip(padded_numels, fp8_units, strict=True)
+    ]
+
+
 def _none(dtype: torch.dtype) -> BufferSpec:
     return BufferSpec(0, 0, dtype)
 
@@ -123,11 +138,13 @@ def engine_buffers(
     prefetch_depth: int,
     direct: bool,
     piece_numel: int = PIECE_NUMEL,
+    fp8_units: Sequence[bool] = (),
 ) -> EngineBuffers:
     """The buffers for units of ``unit_numels`` elements (in forward order) on one rank.
 
     ``single_tensor[i]``: unit i has one weight tensor, so its gradient is reduced from the
-    tensor autograd produces. ``direct``: world size 1 without a process group."""
+    tensor autograd produces. ``direct``: world size 1 without a process group.
+    ``fp8_units[i]``: unit i is gathered in float8 (one byte per element)."""
     if len(unit_numels) != len(single_tensor) or not unit_numels:
         raise ValueError("need one single_tensor flag per unit, and at least one unit")
     if prefetch_depth < 1 or world_size < 1 or piece_numel < 1:
@@ -153,7 +170,7 @@ def engine_buffers(
             small_gather=none, small_grad=small_grad, small_out=_none(r), piece_numel=0,
         )  # fmt: skip
 
-    gather, edge_gather = _gather_rotation(sizes, ring, p)
+    gather, edge_gather = _gather_rotation(gather_numels(sizes, fp8_units, p), ring, p)
 
     # Reduce-scatter pieces: never larger than the largest shard, nor the staging cap.
     piece = max(1, min(piece_numel, max(sizes) // w, STAGING_MAX_NUMEL // w))

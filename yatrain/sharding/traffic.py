@@ -39,17 +39,24 @@ def step_traffic(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
     micro_batches: int,
+    fp8_units: Sequence[bool] = (),
+    fp8_tensors: int = 0,
 ) -> StepTraffic:
     """One rank's bytes for units of ``unit_numels`` elements (``reads_weights[i]``: unit i
-    is gathered again for its backward) and a norm group of ``small_numel``."""
+    is gathered again for its backward) and a norm group of ``small_numel``. ``fp8_units``:
+    units gathered in float8 (one byte per element), whose ``fp8_tensors`` weight tensors'
+    amaxes are all-reduced once per step (float8.py)."""
     g, p, r = shard_size, param_dtype.itemsize, reduce_dtype.itemsize
     sizes = [padded(n, g) for n in unit_numels]
     small = padded(small_numel, g)
+    gathered = [1 if fp8 else p for fp8 in fp8_units] or [p] * len(sizes)
     per_micro = sum(
-        ring_bytes(size * p, g) * (1 + reads) + ring_bytes(size * r, g)
-        for size, reads in zip(sizes, reads_weights, strict=True)
+        ring_bytes(size * item, g) * (1 + reads) + ring_bytes(size * r, g)
+        for size, reads, item in zip(sizes, reads_weights, gathered, strict=True)
     )
+    scales = ring_bytes(2 * 4 * fp8_tensors, g)
     intra = micro_batches * per_micro + ring_bytes(small * p, g) + ring_bytes(small * r, g)
+    intra += scales
     shards = [size // g for size in sizes] + [small // g]
     cross = sum(ring_bytes(2 * 4 * n, replicas) for n in shards) if replicas > 1 else 0
     return StepTraffic(intra, cross)
