@@ -3,8 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # hf: transformers, so the Hugging Face export test runs instead of being skipped;
-# tensorboard: the TensorBoard logger's test; browser: playwright for the HTML report's test.
-YATRAIN_EXTRAS=dev,hf,tensorboard,browser bash scripts/setup.sh
+# tensorboard: the TensorBoard logger's test; browser: playwright for the HTML report's test;
+# float8: torchao, for train.float8's tests.
+YATRAIN_EXTRAS=dev,hf,tensorboard,browser,float8 bash scripts/setup.sh
 # That test drives Debian's chromium (no browser download): installed when root with apt,
 # else the test skips itself with one line.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \

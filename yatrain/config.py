@@ -118,6 +118,9 @@ class TrainConfig:
     # The torch.compile backend: inductor generates kernels (C++ on CPU, Triton on GPUs);
     # aot_eager traces the same graphs with the same guards but runs eager kernels (debugging).
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # The decoder layers' projections compute in float8 through torchao (models/float8.py):
+    # null = off; tensorwise also gathers those weights in float8 (half a bf16 gather).
+    float8: Literal["tensorwise", "rowwise"] | None = None
     # Under torchrun: a step (or a save) stuck this long in a collective (a rank hung or
     # died) ends the run with one line naming the step and the rank, instead of hanging.
     collective_timeout_s: float = _limit(600.0, gt=0)

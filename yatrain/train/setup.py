@@ -21,6 +21,7 @@ from yatrain.config import Recipe
 from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
+from yatrain.models.float8 import apply_float8, check_float8
 from yatrain.models.llama import build_model
 from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
 from yatrain.recipe_checks import check_vocab
@@ -101,6 +102,7 @@ def setup(
         check_fit(recipe, runtime.world_size, runtime.device, layers)
     if recipe.train.compile:
         check_backend(recipe.train.compile_backend, runtime.device)
+    check_float8(recipe.train.float8, runtime.device, recipe.model)
     loader = build_loader(recipe, runtime, loggers)
     evaluator = build_evaluator(
         recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
@@ -254,6 +256,7 @@ def build_engine(
     the seed) over the whole world, or within shard groups of ``group`` ranks (HSDP);
     ``say`` gets what the loading reports (the bytes this rank read)."""
     model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
+    float8 = apply_float8(model, recipe.train.float8)
     init = InitHooks.from_seed(model, recipe.train.seed)
     if recipe.train.init_from is not None:
         source = Path(recipe.train.init_from)
@@ -269,6 +272,7 @@ def build_engine(
         prefetch_depth=recipe.sharding.prefetch_depth,
         force_process_group=recipe.sharding.force_process_group,
         mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
+        float8=float8,
     )
     if say is not None and init.report is not None:
         say(init.report())
