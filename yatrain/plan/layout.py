@@ -16,6 +16,7 @@ import os
 
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig, Recipe
+from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
 from yatrain.schema import build_dataclass, to_dict
 from yatrain.sharding.contract import backward_reads_weights
@@ -58,6 +59,32 @@ def _units(model_items: str) -> tuple[list[int], list[bool], int]:
     return [layout.numel for layout in layouts], reads, small.numel
 
 
+@functools.lru_cache(maxsize=64)
+def _fp8_units(model_items: str) -> tuple[bool, ...]:
+    """Which units are made only of float8 projections: what a tensorwise run gathers in
+    float8 (the engine's rule, ``sharding/float8.py``, over ``models/float8.py``'s modules)."""
+    model = _meta_model(model_items)
+    fp8 = {id(linear.weight) for _, linear in float8_projections(model)}
+    return tuple(
+        all(id(p) in fp8 for p in unit.parameters() if p.ndim >= 2) for unit in model.units()
+    )
+
+
+def fp8_units(m: ModelConfig, float8: str | None, direct: bool) -> tuple[bool, ...]:
+    """Units gathered in float8 with ``train.float8`` (none without a gather: ``direct``)."""
+    if float8 != "tensorwise" or direct:
+        return ()
+    return _fp8_units(_items(m))
+
+
+def _fp8_tensors(m: ModelConfig, fp8: tuple[bool, ...]) -> int:
+    """How many tensors' amaxes the per-step scale all-reduce carries."""
+    if not fp8:
+        return 0
+    layouts = unit_layouts(m, 1)[0]
+    return sum(len(layout.slots) for layout, f in zip(layouts, fp8, strict=True) if f)
+
+
 def _items(m: ModelConfig) -> str:
     return json.dumps(to_dict(m), sort_keys=True)  # a hashable key (the config is mutable)
 
@@ -66,11 +93,14 @@ def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
     """Bytes one GPU sends per step with shard groups of ``group`` out of ``world_size``."""
     numels, reads, small = _units(_items(recipe.model))
     data = recipe.data
+    fp8 = fp8_units(recipe.model, recipe.train.float8, group == 1)
+    tensors = _fp8_tensors(recipe.model, fp8)
     return step_traffic(
         numels, reads, small, shard_size=group, replicas=world_size // group,
         param_dtype=DTYPES[recipe.train.dtype],
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         micro_batches=data.global_batch_size // (data.micro_batch_size * world_size),
+        fp8_units=fp8, fp8_tensors=tensors,
     )  # fmt: skip
 
 

@@ -37,7 +37,7 @@ from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
-from yatrain.plan.layout import planned_group, traffic_table, unit_layouts
+from yatrain.plan.layout import fp8_units, planned_group, traffic_table, unit_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
@@ -55,11 +55,12 @@ def default_runtime_allowance(gpu_memory_bytes: float) -> int:
 
 def engine_layout(
     m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
-    direct: bool | None = None,
+    direct: bool | None = None, float8: str | None = None,
 ) -> tuple[int, int, EngineBuffers]:  # fmt: skip
     """(elements of this rank's shard of every unit, of the norm group, the buffers the
     engine preallocates), from the same functions the engine uses."""
     layouts, small = unit_layouts(m, world)
+    direct = world == 1 if direct is None else direct
     buffers = engine_buffers(
         [layout.numel for layout in layouts],
         [layout.single_tensor for layout in layouts],
@@ -68,7 +69,8 @@ def engine_layout(
         param_dtype=DTYPES[dtype],
         reduce_dtype=DTYPES[reduce_dtype],
         prefetch_depth=prefetch_depth,
-        direct=world == 1 if direct is None else direct,
+        direct=direct,
+        fp8_units=fp8_units(m, float8, direct),
     )
     owned = sum(layout.shard_numel for layout in layouts if layout.owns)  # tied: once
     return owned, small.shard_numel, buffers
@@ -76,11 +78,13 @@ def engine_layout(
 
 def engine_state_bytes(
     m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
-    direct: bool | None = None,
+    direct: bool | None = None, float8: str | None = None,
 ) -> dict[str, int]:  # fmt: skip
     """Bytes per rank of every tensor the engine and AdamW keep for the whole run (the
     fp32 gradient shards, which they do not, are ``GradientShards``)."""
-    units, small, buffers = engine_layout(m, world, dtype, reduce_dtype, prefetch_depth, direct)
+    units, small, buffers = engine_layout(
+        m, world, dtype, reduce_dtype, prefetch_depth, direct, float8
+    )
     shards = units + small
     copy = buffers.gather.count == 0 and dtype != "fp32"  # one process, bf16
     return {
@@ -142,7 +146,9 @@ def plan_for_layers(
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
     group = planned_group(recipe, world_size)  # the state is sharded over the shard group
     direct = group == 1 and not s.force_process_group
-    state = engine_state_bytes(m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct)
+    state = engine_state_bytes(
+        m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8
+    )
     acts = ActivationSizes.of(
         m, data.seq_len, data.micro_batch_size, dtype, recipe.train.loss_chunk_tokens,
         compiled=recipe.train.compile,

@@ -95,7 +95,8 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
     head = (
         f"{recipe_path.name}: {params:.2f}B parameters, {n} layers | seq {plan.seq_len} x "
         f"micro-batch {plan.micro_batch_size} | {plan.dtype} weights, "
-        f"{recipe.sharding.reduce_dtype} reduce{' | compiled layers' * recipe.train.compile}\n"
+        f"{recipe.sharding.reduce_dtype} reduce{' | compiled layers' * recipe.train.compile}"
+        f"{f' | float8 {recipe.train.float8}' if recipe.train.float8 else ''}\n"
         f"{layout_words(plan)} x "
         f"{_gib(plan.gpu_memory_bytes)} GiB ({source})"
     )
