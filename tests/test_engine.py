@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
+from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
 from yatrain.train.compile import compile_layers
@@ -51,14 +52,20 @@ def optimizer_for(groups) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
 
-def reference(data: torch.Tensor, clip: float, ckpt: int = 0):
+def reference(
+    data: torch.Tensor, clip: float, ckpt: int = 0, float8: str | None = None, piece: int = 0
+):
     """Plain model, whole global batch per step: the ground truth.
 
     Returns each step's loss, each step's gradient norm as ``clip_grad_norm_`` reports it
     (before clipping; with clipping off it is measured with an infinite limit, which
-    scales by exactly 1) and the final weights."""
+    scales by exactly 1) and the final weights. ``float8``: its projections in float8;
+    ``piece``: accumulate the gradient over pieces of this many sequences, the ones the
+    ranks' micro-batches see (float8's dynamic scales depend on what one matmul sees)."""
     torch.manual_seed(0)
-    model = materialize(build_model(CFG, ckpt), "cpu", SEED)
+    model = build_model(CFG, ckpt)
+    apply_float8(model, float8)
+    model = materialize(model, "cpu", SEED)
     params = list(model.parameters())
     opt = optimizer_for(
         [
@@ -68,7 +75,8 @@ def reference(data: torch.Tensor, clip: float, ckpt: int = 0):
     )
     losses, norms = [], []
     for step in data:
-        loss = loss_of(model, step)
+        pieces = step.split(piece or len(step))
+        loss = sum(loss_of(model, part) / len(pieces) for part in pieces)
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(params, clip or float("inf")).item())
         opt.step()
@@ -96,15 +104,16 @@ def train_sharded(
     reduce="fp32",
     depth=1,
     compile=None,
+    float8=None,
     **options,
 ):
     """The engine as the training loop drives it; returns losses, gradient norms, weights.
-    ``compile``: a torch.compile backend for the decoder layers (train.compile); ``options``
-    go to the engine."""
+    ``compile``: a torch.compile backend for the decoder layers (train.compile); ``float8``:
+    train.float8; ``options`` go to the engine."""
     model = build_model(CFG, ckpt)
     engine = engine_for(
         model, param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce], prefetch_depth=depth,
-        **options,
+        float8=apply_float8(model, float8), **options,
     )  # fmt: skip
     if compile is not None:
         compile_layers(model.layers, compile)
