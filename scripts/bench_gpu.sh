@@ -20,6 +20,17 @@
 #                 FSDP2, eager and compiled, side by side (train.compile; FSDP2 in torchtitan's
 #                 order: checkpointing, torch.compile per block, fully_shard). Each repeat
 #                 compiles anew (inductor's cache makes repeats after the first cheaper).
+# float8 (200)    train.float8 tensorwise, compiled both: yatrain-float8 (fp8 matmuls and fp8
+#                 weight gathers) vs fsdp2-float8 (torchao float8 with its FSDP2 float8
+#                 all-gather, scales precomputed after each step, as torchtitan runs it), beside
+#                 yatrain-compile and fsdp2-compile in bf16. Needs torchao 0.18.0, torch >= 2.11
+#                 and compute capability >= 8.9; without them it says why in one line and skips.
+#                 Not in the default list (the three above fill one 10-minute command): run it
+#                 as `--sections pathcheck,float8`.
+#
+# A GPU machine may have its own torch and no torchao, and nothing can be downloaded there:
+# bring the wheel with the tree (`pip download torchao==0.18.0 --no-deps -d wheels` here),
+# then `pip install --no-deps wheels/torchao-*.whl` there before this script.
 #
 #   bash scripts/bench_gpu.sh                          # every section
 #   bash scripts/bench_gpu.sh --sections compile       # some of them (comma list)
@@ -83,5 +94,28 @@ if wanted compile; then
   section compile 230 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
     --contenders yatrain,yatrain-compile,fsdp2,fsdp2-compile \
     --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
+fi
+if wanted float8; then
+  if "$PYTHON" - <<'PY'
+import sys
+
+import torch
+
+from yatrain.config import ModelConfig
+from yatrain.models.float8 import Float8Error, check_float8
+
+shape = ModelConfig(dim=2048, n_layers=1, n_heads=16, n_kv_heads=8, ffn_dim=5632,
+                    vocab_size=32000, max_seq_len=2048)
+try:
+    check_float8("tensorwise", torch.device("cuda", 0), shape)
+except Float8Error as error:
+    print(f"== float8: skipped: {error}")
+    sys.exit(1)
+PY
+  then
+    section float8 200 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+      --contenders yatrain-compile,yatrain-float8,fsdp2-compile,fsdp2-float8 \
+      --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
+  fi
 fi
 exit "$status"

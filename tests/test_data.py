@@ -199,7 +199,8 @@ def test_missing_data_dir_message(tmp_path):
     with pytest.raises(DataError) as err:
         TokenShards.open(missing)
     assert str(err.value) == (
-        f"no tokenized data at {missing}: run `yatrain prepare-data --output {missing}` first"
+        f"no tokenized data at {missing}: run `yatrain prepare-data --output {missing} "
+        "--vocab-size 4096 --val-fraction 0.02` (the built-in corpus) first"
     )
 
 

@@ -23,6 +23,7 @@ from test_engine import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 
+from yatrain.bench import float8 as bench_float8
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
@@ -134,3 +135,17 @@ def test_the_cli_refuses_float8_sizes_at_start(small_data, isolated_env, tmp_pat
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("yatrain: error: train.float8: layers.0.feed_forward.w1 is 168 x 64")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_numerics_benchmark_compares_float8_runs_with_the_plain_run(
+    small_data, isolated_env, tmp_path, capsys
+):
+    curve = tmp_path / "curve.csv"
+    args = ["--data", str(small_data), "--dtype", "fp32", "--steps", "3", "--eval-every", "3"]
+    args += ["--variants", "null", "tensorwise", "--curve", str(curve)]
+    assert bench_float8.main(args + [f"--set={s}" for s in FAST]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()]
+    (tensorwise,) = [row for row in rows if len(row) == 10 and row[1].strip() == "tensorwise"]
+    assert tensorwise[3].strip().endswith("%") and tensorwise[6].strip() in ("PASS", "FAIL")
+    lines = curve.read_text().splitlines()
+    assert lines[0] == "variant,step,loss,val_loss" and len(lines) == 1 + 2 * 3

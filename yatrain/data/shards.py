@@ -189,7 +189,8 @@ def _no_data(path: Path) -> str:
             f"prepare-data --input {path} --output {out} --tokenizer TOKENIZER` (the training "
             f"data's tokenizer) and use {out}"
         )
-    return f"no tokenized data at {path}: run `yatrain prepare-data --output {path}` first"
+    command = f"yatrain prepare-data --output {path} --vocab-size 4096 --val-fraction 0.02"
+    return f"no tokenized data at {path}: run `{command}` (the built-in corpus) first"
 
 
 def has_validation(manifest: dict) -> bool:

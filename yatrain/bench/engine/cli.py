@@ -73,7 +73,7 @@ def _model_flags(add) -> None:
     add("--ac-layers", type=int, default=0, help="activation-checkpoint the first N decoder layers")
     add("--prefetch-depth", type=int, default=1, help="yatrain prefetch depth")
     add("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
-        help="the *-compile contenders' torch.compile backend")  # fmt: skip
+        help="the *-compile and *-float8 contenders' torch.compile backend")  # fmt: skip
     add("--seed", type=int, default=0)
 
 

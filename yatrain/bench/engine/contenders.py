@@ -14,6 +14,12 @@
   yatrain compiles each layer's forward function (``train.compile``); FSDP2 follows
   torchtitan's order: activation checkpointing, ``torch.compile`` of each block, then
   ``fully_shard`` of the compiled blocks and the root.
+- yatrain-float8, fsdp2-float8: the compiled two with the decoder layers' projections in
+  float8 (torchao, ``tensorwise``; GPUs of compute capability 8.9+ or CPU emulation).
+  yatrain as ``train.float8: tensorwise`` runs (fp8 weight gathers, one amax all-reduce
+  per step); FSDP2 as torchtitan runs it: torchao's float8 all-gather and its scales
+  precomputed for all layers after each optimizer step. gloo cannot carry float8 bytes, so
+  fsdp2-float8 runs on NCCL only.
 - ddp: ``DistributedDataParallel`` of the whole model, ``no_sync`` on all but the last
   micro-batch, its all-reduce issued through ``torch.distributed`` so it is counted.
 - bare (world 1): the plain single-process step (``yatrain.bench.bare``).
@@ -35,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig, OptimConfig
+from yatrain.models.float8 import apply_float8, float8_projections, load_torchao
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
 from yatrain.train.compile import compile_layers
@@ -49,6 +56,8 @@ CONTENDERS = (
     "yatrain-compile",
     "fsdp2",
     "fsdp2-compile",
+    "yatrain-float8",
+    "fsdp2-float8",
     "ddp",
     "bare",
 )
@@ -81,14 +90,24 @@ def _opt_kind(opt: torch.optim.Optimizer) -> str:
 
 
 def build_yatrain(
-    o: dict, device: torch.device, loss_fn=logits_loss, force=False, compiled=False
+    o: dict,
+    device: torch.device,
+    loss_fn=logits_loss,
+    force=False,
+    compiled=False,
+    float8: str | None = None,
 ) -> Trainer:
     model = build_model(model_config(o), o["ac_layers"], o["loss_chunk_tokens"])
     engine = ShardedEngine.from_model(
-        model, device=device, seed=o["seed"], param_dtype=DTYPES[o["dtype"]],
-        reduce_dtype=DTYPES[o["reduce_dtype"]], prefetch_depth=o["prefetch_depth"],
+        model,
+        device=device,
+        seed=o["seed"],
+        param_dtype=DTYPES[o["dtype"]],
+        reduce_dtype=DTYPES[o["reduce_dtype"]],
+        prefetch_depth=o["prefetch_depth"],
         force_process_group=force,
-    )  # fmt: skip
+        float8=apply_float8(model, float8),
+    )
     if compiled:
         compile_layers(model.layers, o["compile_backend"])
     optim_cfg = OptimConfig(
@@ -107,8 +126,9 @@ def build_yatrain(
     return Trainer(step, engine_bytes=lambda: engine.bytes_sent, clock=clock, extra=extra)
 
 
-def build_fsdp2(o: dict, device: torch.device, compiled=False) -> Trainer:
+def build_fsdp2(o: dict, device: torch.device, compiled=False, float8=False) -> Trainer:
     model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    after_step = _fsdp2_float8(model) if float8 else lambda: None
     policy = MixedPrecisionPolicy(
         param_dtype=DTYPES[o["dtype"]], reduce_dtype=DTYPES[o["reduce_dtype"]]
     )
@@ -132,9 +152,22 @@ def build_fsdp2(o: dict, device: torch.device, compiled=False) -> Trainer:
         torch.nn.utils.clip_grad_norm_(params, CLIP, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        after_step()
         return total / len(micros)
 
     return Trainer(step, extra={"optimizer": "AdamW(foreach)"})
+
+
+def _fsdp2_float8(model: torch.nn.Module) -> Callable[[], None]:
+    """torchao float8 on the same projections, with its FSDP2 float8 all-gather; returns
+    what runs after each optimizer step (every layer's scale in one batched pass)."""
+    float8 = load_torchao()
+    targets = {name for name, _ in float8_projections(model)}
+    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    float8.convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda module, fqn: fqn in targets
+    )
+    return lambda: float8.precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def _ddp_allreduce_hook(state, bucket):
@@ -177,6 +210,10 @@ BUILDERS = {
     "yatrain-compile": lambda o, device: build_yatrain(o, device, compiled=True),
     "fsdp2": build_fsdp2,
     "fsdp2-compile": lambda o, device: build_fsdp2(o, device, compiled=True),
+    "yatrain-float8": lambda o, device: build_yatrain(
+        o, device, compiled=True, float8="tensorwise"
+    ),
+    "fsdp2-float8": lambda o, device: build_fsdp2(o, device, compiled=True, float8=True),
     "ddp": build_ddp,
     "bare": build_bare,
 }
