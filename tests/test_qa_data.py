@@ -34,6 +34,12 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _default_sigint() -> None:
+    """A job started in the background by a non-interactive shell (nohup, ``cmd &``) has
+    SIGINT ignored, and its children inherit that: give the probe a real Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -71,6 +77,7 @@ def test_4_a_signal_ends_the_workers_and_removes_the_temporary_directory(
         env=isolated_env,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + 120
