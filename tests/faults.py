@@ -31,7 +31,7 @@ DIE = "os.kill(os.getpid(), signal.SIGKILL)"
 
 DISK_FULL = """
 import errno, os
-import yatrain.train.checksum as _checksum
+import yatrain.checkpoint.checksums as _checksum
 _real = _checksum.HashingStream.write
 
 def _write(self, data):

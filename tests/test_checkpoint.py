@@ -17,10 +17,10 @@ from conftest import FAST, ROOT
 from distributed import run_ranks
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from yatrain.checkpoint import store as ckpt
 from yatrain.config import load_recipe
 from yatrain.errors import TrainingError, YatrainError
 from yatrain.sharding import ShardedEngine
-from yatrain.train import checkpoint as ckpt
 from yatrain.train.loop import pretrain
 
 

@@ -23,9 +23,9 @@ from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
     uninterrupted,
 )
 
+import yatrain.checkpoint.checksums as checksum
 import yatrain.data.loader as loader_module
-import yatrain.train.checksum as checksum
-from yatrain.train import checkpoint as ckpt
+from yatrain.checkpoint import store as ckpt
 
 ASYNC = "checkpoint.async=true"
 
@@ -94,7 +94,7 @@ def test_async_resume_of_two_ranks_is_bitwise_exact(small_data, tmp_path):
 
 KILL_DURING_WRITE = """
 import os, signal
-import yatrain.train.checksum as _checksum
+import yatrain.checkpoint.checksums as _checksum
 _real = _checksum.HashingStream.write
 
 def _write(self, data):
@@ -108,7 +108,7 @@ _checksum.HashingStream.write = _write
 
 SLOW_WRITES = """
 import time
-import yatrain.train.checksum as _checksum
+import yatrain.checkpoint.checksums as _checksum
 _real = _checksum.HashingStream.write
 
 def _write(self, data):

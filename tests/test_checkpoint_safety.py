@@ -15,20 +15,25 @@ import pytest
 from conftest import FAST, ROOT
 from distributed import run_ranks
 
+from yatrain.checkpoint import store as ckpt
+from yatrain.checkpoint.checksums import HASH, HashingStream, hash_file
+from yatrain.checkpoint.hf_export import export_hf
+from yatrain.checkpoint.init_from import init_from_source
+from yatrain.checkpoint.manifest import (
+    MANIFEST,
+    CheckpointError,
+    CorruptCheckpoint,
+    open_checkpoint,
+)
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError, TrainingError, YatrainError
+from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
+from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.train import checkpoint as ckpt
-from yatrain.train.checksum import HASH, HashingStream, hash_file
-from yatrain.train.eval_checkpoint import evaluate_checkpoint
-from yatrain.train.generation import generate_text
-from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
-from yatrain.train.manifest import MANIFEST, CheckpointError, CorruptCheckpoint, open_checkpoint
 from yatrain.train.optim import build_optimizer
 from yatrain.train.setup import Checks
-from yatrain.train.weights import export_hf
 
 
 def recipe(data: Path, *extra: str):

@@ -20,10 +20,10 @@ from test_engine import CFG, batches, engine_for, max_rel, optimizer_for, train_
 
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
+from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
+from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
 from yatrain.train.compile import check_backend, compile_layers
-from yatrain.train.eval_checkpoint import evaluate_checkpoint
-from yatrain.train.generation import generate_text
 from yatrain.train.loop import pretrain
 from yatrain.train.setup import Checks
 from yatrain.train.step import train_step

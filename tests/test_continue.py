@@ -18,19 +18,20 @@ from safetensors import safe_open
 from test_hf_import import our_logits, save_hf_model, transformers_module
 from tokenizer_fixtures import write_hf
 
+from yatrain.checkpoint import hf_export as export_module
+from yatrain.checkpoint.hf_export import default_export_dtype, export_hf, iter_checkpoint_weights
+from yatrain.checkpoint.init_from import init_from_source
+from yatrain.checkpoint.manifest import open_checkpoint
+from yatrain.checkpoint.optimizer_state import ensure_state
+from yatrain.checkpoint.store import save_checkpoint
 from yatrain.config import load_recipe
 from yatrain.data import default_corpus_files, load_tokenizer, prepare_data
 from yatrain.errors import ConfigError, DataError
+from yatrain.inference.generate_text import load_plain_model
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
-from yatrain.train import weights as export_module
-from yatrain.train.checkpoint import save_checkpoint
-from yatrain.train.generation import load_plain_model
-from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
-from yatrain.train.manifest import open_checkpoint
-from yatrain.train.optim import build_optimizer, ensure_state
-from yatrain.train.weights import default_export_dtype, export_hf, iter_checkpoint_weights
+from yatrain.train.optim import build_optimizer
 
 # Llama 3.1's scaling with a 16-token "pretraining context", so a 64-token model reaches
 # four times past it (Llama 3.1: factor 8 over 8192 tokens; Llama 3.2: factor 32).

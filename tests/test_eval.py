@@ -17,10 +17,10 @@ from yatrain.data import TokenShards, load_tokenizer, prepare_data
 from yatrain.data.heldout import IGNORE_INDEX, EvalWindows, open_held_out
 from yatrain.data.split import held_out
 from yatrain.errors import ConfigError, DataError
-from yatrain.train.eval_checkpoint import evaluate_checkpoint
+from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
+from yatrain.output.console import log_line, run_summary
+from yatrain.output.record import MetricsRecord
 from yatrain.train.loop import pretrain
-from yatrain.train.record import MetricsRecord
-from yatrain.train.report import log_line, run_summary
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 

@@ -20,7 +20,7 @@ from faults import DIE, DISK_FULL, HANG, at_step, inject
 
 from yatrain.data.shards import TokenShards
 from yatrain.errors import DataError
-from yatrain.train.failures import explain
+from yatrain.runtime.failures import explain
 from yatrain.train.rundir import default_run_dir
 
 

@@ -24,11 +24,11 @@ from test_engine import (
 from torch.distributed.device_mesh import init_device_mesh
 
 from yatrain.bench import float8 as bench_float8
+from yatrain.checkpoint import store as ckpt
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.groups import hybrid_mesh
-from yatrain.train import checkpoint as ckpt
 from yatrain.train.step import train_step
 
 

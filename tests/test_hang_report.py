@@ -10,7 +10,7 @@ from pathlib import Path
 from faults import DIE, HANG, at_step, inject
 from test_failures import pretrain_args, rank_stderr, torchrun
 
-from yatrain.train.hang import describe, format_report
+from yatrain.runtime.hang import describe, format_report
 from yatrain.train.stragglers import STRAGGLER_LOGS
 
 WORLD = 4

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import FAST, ROOT
 
+from yatrain.checkpoint.init_from import init_from_source
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.train.init_from import init_from_source
 
 
 def transformers_module():

@@ -18,10 +18,10 @@ from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
     uninterrupted,
 )
 
+from yatrain.checkpoint import store as ckpt
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.topology import shard_group_size
-from yatrain.train import checkpoint as ckpt
 
 HYBRID = ("sharding.shard_group_size=2",)
 

@@ -11,9 +11,9 @@ from distributed import run_ranks
 from safetensors import safe_open
 from test_continue import save_published
 
+from yatrain.checkpoint.init_from import init_from_source
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.train.init_from import init_from_source
 
 
 def _load(rank: int, world: int, cfg, source: Path):

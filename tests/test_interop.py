@@ -12,17 +12,17 @@ import torch.nn.functional as F
 from conftest import FAST, ROOT
 from safetensors.torch import load_file
 
+from yatrain.checkpoint.hf_export import export_hf, iter_checkpoint_weights
+from yatrain.checkpoint.init_from import init_from_source
 from yatrain.config import load_recipe
 from yatrain.data import TokenShards
 from yatrain.errors import ConfigError
+from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
+from yatrain.inference.generate_text import generate_text
 from yatrain.models.generate import Sampling
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.train.eval_checkpoint import evaluate_checkpoint
-from yatrain.train.generation import generate_text
-from yatrain.train.init_from import init_from_source
 from yatrain.train.loop import pretrain
-from yatrain.train.weights import export_hf, iter_checkpoint_weights
 
 
 @pytest.fixture(scope="module")

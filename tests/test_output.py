@@ -11,10 +11,10 @@ from conftest import FAST, ROOT
 from test_failures import pretrain_args, yatrain
 
 from yatrain.config import load_recipe
+from yatrain.output import wandb_logger
+from yatrain.output.record import read_metrics
 from yatrain.sweep import run_sweep
-from yatrain.train import wandb_logger
 from yatrain.train.loop import pretrain
-from yatrain.train.record import read_metrics
 
 
 def test_a_normal_run_resume_and_export_print_no_warning(small_data, isolated_env, tmp_path):

@@ -18,7 +18,7 @@ from test_failures import one_line_error, pretrain_args, yatrain
 from yatrain.config import WandbConfig
 from yatrain.errors import YatrainError
 from yatrain.models.generate import Sampling, choose
-from yatrain.train import wandb_logger
+from yatrain.output import wandb_logger
 
 
 def _steps(folder: Path) -> list[str]:

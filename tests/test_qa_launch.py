@@ -13,7 +13,7 @@ from conftest import ROOT
 from faults import at_step, inject
 from test_failures import pretrain_args, yatrain
 
-from yatrain.train.launch import worker_args
+from yatrain.runtime.launch import worker_args
 
 BAD_SHARD = (
     'from yatrain.errors import DataError; raise DataError("tokens-00003.bin is unreadable")'

@@ -11,9 +11,9 @@ from conftest import FAST, ROOT
 from test_failures import one_line_error, yatrain
 
 from yatrain.config import load_recipe
+from yatrain.output.charts import LINES
+from yatrain.output.html_report import write_report
 from yatrain.train.loop import pretrain
-from yatrain.train.run_charts import LINES
-from yatrain.train.run_report import write_report
 
 CHARTS = [stem for stem, *_ in LINES] + ["step_time"]
 

@@ -10,10 +10,10 @@ from conftest import FAST, ROOT
 from distributed import run_ranks
 
 from yatrain.config import load_recipe
+from yatrain.output.console import BREAKDOWN
+from yatrain.output.record import read_metrics
 from yatrain.sharding import comm
 from yatrain.train.loop import pretrain
-from yatrain.train.record import read_metrics
-from yatrain.train.report import BREAKDOWN
 
 DELAY_S = 0.2  # added to the wait of every all-gather in the slowed run
 STEPS = 4

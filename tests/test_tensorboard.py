@@ -10,9 +10,9 @@ from conftest import FAST, ROOT
 
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
-from yatrain.train import tensorboard_logger
+from yatrain.output import tensorboard_logger
+from yatrain.output.record import read_metrics
 from yatrain.train.loop import pretrain
-from yatrain.train.record import read_metrics
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402

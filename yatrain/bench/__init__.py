@@ -5,8 +5,8 @@ Each benchmark is a module with a ``main`` (``python -m yatrain.bench.loop``, or
 ``engine`` (the engine against FSDP2, DDP and a bare step; a harness and its contenders),
 ``checkpoint`` (save and load time), ``tokenization`` (prepare-data's throughput by workers),
 ``document_mask`` (the cost of ``data.document_mask``), ``seed_table`` (the planner against
-YaFSDP's published runs). Shared parts: ``ranks`` (the rank launcher the tests use too),
-``measure`` (statistics, process memory, tables), ``traffic`` (bytes sent in collectives),
-``bare`` (the plain PyTorch step every baseline uses). Top of the layering: nothing in
-yatrain imports it.
+YaFSDP's published runs). Shared parts: ``measure`` (statistics, process memory, tables),
+``traffic`` (bytes sent in collectives), ``bare`` (the plain PyTorch step every baseline
+uses); the rank launcher the tests use too is ``yatrain.harness.ranks``, below it. Top of the
+layering: nothing in yatrain imports it.
 """

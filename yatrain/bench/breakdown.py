@@ -36,14 +36,16 @@ import types
 from pathlib import Path
 
 from yatrain.bench.measure import load_average, table, verdict
-from yatrain.bench.ranks import run_ranks
 from yatrain.config import load_recipe
 from yatrain.data import default_corpus_files, prepare_data
+from yatrain.harness.ranks import run_ranks
+from yatrain.output import console as report
+from yatrain.output.record import read_metrics
+from yatrain.runtime import hang
 from yatrain.sharding import comm, timing
-from yatrain.train import hang, report, stragglers
+from yatrain.train import stragglers
 from yatrain.train import timing as step_timing
 from yatrain.train.loop import pretrain
-from yatrain.train.record import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {

@@ -6,7 +6,7 @@
         --set model.ffn_dim=2048 --set model.vocab_size=32000
 
 One process (world size 1), fp32 master weights plus AdamW moments, the same code path the
-training loop uses (`yatrain.train.checkpoint`). Prints median seconds over --repeats: the
+training loop uses (`yatrain.checkpoint.store`). Prints median seconds over --repeats: the
 save; DCP's write with XXH3-64 of every file computed as it is written beside a plain DCP
 write of the same state, interleaved (which goes first alternates); the checksum
 verification before a load; the load; and the hash's own cost per GiB. Then how long a
@@ -33,14 +33,15 @@ import xxhash
 
 from yatrain.bench.checkpoint_stall import measure
 from yatrain.bench.checkpoint_stall import report as stall_report
+from yatrain.checkpoint import store as ckpt
+from yatrain.checkpoint.dcp_io import save_state
+from yatrain.checkpoint.manifest import open_checkpoint
+from yatrain.checkpoint.optimizer_state import ensure_state
 from yatrain.common import format_bytes
 from yatrain.config import load_recipe
 from yatrain.models.llama import build_model, count_parameters
 from yatrain.sharding import ShardedEngine
-from yatrain.train import checkpoint as ckpt
-from yatrain.train.dcp_io import save_state
-from yatrain.train.manifest import open_checkpoint
-from yatrain.train.optim import build_optimizer, ensure_state
+from yatrain.train.optim import build_optimizer
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,15 +29,16 @@ from pathlib import Path
 import torch
 
 from yatrain.bench.measure import load_average, median, spread, table
+from yatrain.checkpoint.background_save import AsyncSaver
+from yatrain.checkpoint.optimizer_state import ensure_state
+from yatrain.checkpoint.store import dcp_mesh, save_checkpoint
 from yatrain.common import DTYPES
 from yatrain.config import Recipe
 from yatrain.models.llama import build_model
+from yatrain.runtime.process import init_runtime
 from yatrain.sharding import ShardedEngine
-from yatrain.train.async_save import AsyncSaver
-from yatrain.train.checkpoint import dcp_mesh, save_checkpoint
 from yatrain.train.metrics import synchronize
-from yatrain.train.optim import build_optimizer, ensure_state
-from yatrain.train.runtime import init_runtime
+from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
 
 KINDS = ("sync", "async")

@@ -25,8 +25,8 @@ import torch
 
 from yatrain.config import load_recipe
 from yatrain.data import TokenShards, prepare_data
+from yatrain.output.record import read_metrics
 from yatrain.train.loop import pretrain
-from yatrain.train.record import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

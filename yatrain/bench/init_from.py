@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from yatrain.checkpoint.init_from import init_from_source
 from yatrain.config import ModelConfig
 from yatrain.models import hf
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
-from yatrain.train.init_from import init_from_source
 
 from .ranks import run_ranks
 

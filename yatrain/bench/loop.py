@@ -44,9 +44,9 @@ from yatrain.common import DTYPES
 from yatrain.config import Recipe, load_recipe
 from yatrain.data import build_loader, prepare_data
 from yatrain.models.llama import build_model, count_parameters, materialize
+from yatrain.output.record import read_metrics
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import set_lr
-from yatrain.train.record import read_metrics
 from yatrain.train.schedule import lr_at
 
 REPO = Path(__file__).resolve().parents[2]

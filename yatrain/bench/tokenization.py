@@ -22,56 +22,19 @@ cached in `--work-dir`.
 from __future__ import annotations
 
 import argparse
-import base64
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
-
-from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
-from tokenizers import Tokenizer as HFBackend
 
 from yatrain.data import Corpus, Tokenizer, default_corpus_files, load_tokenizer, train_tokenizer
 from yatrain.data.parallel import default_workers
 from yatrain.data.prepare import tokenize_into
-from yatrain.data.tokenizer_export import byte_to_unicode
-from yatrain.data.tokenizer_tiktoken import PATTERN
+from yatrain.harness.bpe import byte_level_bpe, write_tiktoken_ranks
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def byte_level_bpe(texts: Iterable[str], vocab_size: int) -> HFBackend:
-    """A byte-level BPE with Llama 3's pre-tokenization pattern, trained on ``texts``."""
-    bpe = HFBackend(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(texts, trainer)
-    return bpe
-
-
-def write_tiktoken_ranks(bpe: HFBackend, out: Path) -> Path:
-    """``bpe``'s vocabulary in tiktoken's ``base64 rank`` format (Llama 3's tokenizer.model)."""
-    from_char = {c: b for b, c in byte_to_unicode().items()}
-    ranked = sorted(bpe.get_vocab().items(), key=lambda item: item[1])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        "".join(f"{base64.b64encode(bytes(from_char[c] for c in t)).decode()} {r}\n"
-                for t, r in ranked)
-    )  # fmt: skip
-    return out
 
 
 def run(files: list[Path], tokenizer: Tokenizer, workers: int, threads: int, tmp: Path) -> float:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import typer
 
+from yatrain.checkpoint.hf_export import export_hf
 from yatrain.cli.app import app, interrupt
 from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
+from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
+from yatrain.inference.generate_text import generate_text
 from yatrain.models.generate import Sampling
-from yatrain.train.eval_checkpoint import evaluate_checkpoint
-from yatrain.train.generation import generate_text
-from yatrain.train.weights import export_hf
 
 
 @app.command(

@@ -11,12 +11,12 @@ from yatrain.cli.app import app
 from yatrain.common import GIB, dumps_json
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
+from yatrain.output.html_report import write_report
 from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
+from yatrain.runtime.launch import Launch, launch
 from yatrain.sweep import run_sweep
-from yatrain.train.launch import Launch, launch
 from yatrain.train.loop import pretrain as run_pretrain
-from yatrain.train.run_report import write_report
 from yatrain.train.setup import Checks
 
 

@@ -10,7 +10,7 @@ import torch
 
 from yatrain.common import GIB, dumps_json, format_bytes
 from yatrain.config import WandbConfig
-from yatrain.train.wandb_logger import WandbLogger
+from yatrain.output.wandb_logger import WandbLogger
 
 COLUMNS = [
     "name", "seq_len", "checkpoint", "activation_checkpoint_layers", "global_batch_size",

@@ -18,14 +18,14 @@ from pathlib import Path
 
 from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
-from yatrain.sweep.configs import SweepConfig
-from yatrain.sweep.report import describe
-from yatrain.train.record import (
+from yatrain.output.record import (
     largest_peak_memory,
     largest_tensor_peak,
     read_metrics,
     steady_means,
 )
+from yatrain.sweep.configs import SweepConfig
+from yatrain.sweep.report import describe
 from yatrain.train.rundir import LOCK_FILE
 
 MEASURED = ("tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s")

@@ -20,18 +20,8 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
-from yatrain.data import BatchLoader
-from yatrain.sharding import ShardedEngine
-from yatrain.train.async_save import AsyncSaver
-from yatrain.train.checkpoint import (
-    dcp_mesh,
-    load_checkpoint,
-    move_aside,
-    remove_stale_saves,
-    save_checkpoint,
-)
-from yatrain.train.manifest import (
+from yatrain.checkpoint.background_save import AsyncSaver
+from yatrain.checkpoint.manifest import (
     MANIFEST,
     RESUME_FIX,
     CheckpointError,
@@ -41,7 +31,17 @@ from yatrain.train.manifest import (
     open_checkpoint,
     verify_files,
 )
-from yatrain.train.runtime import Runtime
+from yatrain.checkpoint.store import (
+    dcp_mesh,
+    load_checkpoint,
+    move_aside,
+    remove_stale_saves,
+    save_checkpoint,
+)
+from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
+from yatrain.data import BatchLoader
+from yatrain.runtime.process import Runtime
+from yatrain.sharding import ShardedEngine
 
 
 class Checkpointer:

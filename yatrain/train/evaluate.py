@@ -31,7 +31,7 @@ from yatrain.data.heldout import (
     check_same_tokenizer,
     held_out_data,
 )
-from yatrain.train.runtime import Runtime
+from yatrain.runtime.process import Runtime
 
 ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 

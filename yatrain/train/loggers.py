@@ -15,12 +15,12 @@ from typing import Protocol
 from tqdm import tqdm
 
 from yatrain.config import Recipe, recipe_to_dict, recipe_to_yaml
-from yatrain.train.record import MetricsFile, MetricsRecord
-from yatrain.train.report import format_summary, log_line
+from yatrain.output.console import format_summary, log_line
+from yatrain.output.record import MetricsFile, MetricsRecord
+from yatrain.output.tensorboard_logger import TensorBoardLogger
+from yatrain.output.wandb_logger import WandbLogger
+from yatrain.runtime.process import Runtime
 from yatrain.train.resume import truncate_metrics, write_config
-from yatrain.train.runtime import Runtime
-from yatrain.train.tensorboard_logger import TensorBoardLogger
-from yatrain.train.wandb_logger import WandbLogger
 
 
 class MetricsLogger(Protocol):

@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError, YatrainError
+from yatrain.runtime.failures import explain, lost_peer
+from yatrain.runtime.process import init_runtime
 from yatrain.train.evaluate import Evaluation
-from yatrain.train.failures import explain, lost_peer
 from yatrain.train.guard import StepGuard
 from yatrain.train.optim import set_lr
-from yatrain.train.runtime import init_runtime
 from yatrain.train.schedule import lr_at
 from yatrain.train.setup import Checks, Run, setup
 from yatrain.train.step import StepOutcome, train_step

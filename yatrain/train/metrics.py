@@ -28,11 +28,11 @@ import torch
 from yatrain.common import DTYPES
 from yatrain.config import Recipe
 from yatrain.models.llama import flops_per_token
+from yatrain.output.console import run_summary
+from yatrain.output.record import MetricsRecord
 from yatrain.plan import LiveTensorTracker
+from yatrain.runtime.process import Runtime
 from yatrain.sharding import ShardedEngine
-from yatrain.train.record import MetricsRecord
-from yatrain.train.report import run_summary
-from yatrain.train.runtime import Runtime
 from yatrain.train.stragglers import StragglerWatch, reduce_loss_and_busy, straggler_fields
 from yatrain.train.timing import Breakdown, StepClock
 

@@ -27,8 +27,8 @@ import socket
 import time
 from pathlib import Path
 
+from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
-from yatrain.train.manifest import complete_checkpoints
 
 LOCK_FILE = ".yatrain.lock"
 OWNER_FILE = ".yatrain-owner"  # in a checkpoint.dir outside its run: the run that owns it

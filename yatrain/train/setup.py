@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from yatrain.checkpoint.init_from import init_from_source
 from yatrain.common import DTYPES
 from yatrain.config import Recipe
 from yatrain.data import BatchLoader
@@ -23,23 +24,22 @@ from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
 from yatrain.models.float8 import apply_float8, check_float8
 from yatrain.models.llama import build_model
+from yatrain.output.tensorboard_logger import require_tensorboard
 from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
 from yatrain.recipe_checks import check_vocab
+from yatrain.runtime.hang import HangReporter, StackFile
+from yatrain.runtime.process import Runtime, nccl_flight_recorder
+from yatrain.runtime.watchdog import Watchdog
 from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.checkpointer import Checkpointer, verify_init_source
 from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend, compile_layers
 from yatrain.train.evaluate import Evaluator, build_evaluator
-from yatrain.train.hang import HangReporter, StackFile
-from yatrain.train.init_from import init_from_source
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
-from yatrain.train.runtime import Runtime, nccl_flight_recorder
-from yatrain.train.tensorboard_logger import require_tensorboard
-from yatrain.train.watchdog import Watchdog
 
 
 @dataclass(frozen=True)

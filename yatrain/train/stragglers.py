@@ -16,7 +16,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from yatrain.train.runtime import Runtime
+from yatrain.runtime.process import Runtime
 
 STRAGGLER_RATIO = 1.2  # slowest busy time / median busy time that counts as lagging
 STRAGGLER_LOGS = 3  # consecutive logged windows a rank must lag before the console says so

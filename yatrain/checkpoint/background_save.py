@@ -25,9 +25,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.optim import Optimizer
 
+from yatrain.checkpoint.dcp_io import AsyncWrite, HostStager, save_state_async
+from yatrain.checkpoint.store import PendingSave, begin_save, complete_save, training_state
 from yatrain.sharding import ShardedEngine
-from yatrain.train.checkpoint import PendingSave, begin_save, complete_save, training_state
-from yatrain.train.dcp_io import AsyncWrite, HostStager, save_state_async
 
 
 class AsyncSaver:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from yatrain.train.hang import HangReporter, StackFile
+from yatrain.runtime.hang import HangReporter, StackFile
 
 EXIT_CODE = 3  # a stuck collective (2: a user error, 130: stopped by a signal)
 

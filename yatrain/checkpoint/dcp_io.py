@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from yatrain.train.checksum import HashingStream
-from yatrain.train.dcp_safe import SafeLoadPlanner, SafeReader, UnsafeCheckpoint
+from yatrain.checkpoint.checksums import HashingStream
+from yatrain.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint
 
 
 class HashingFileSystem(FileSystem):

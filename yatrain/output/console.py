@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from yatrain.common import format_bytes
-from yatrain.train.record import MetricsRecord, largest_peak_memory, steady_means
+from yatrain.output.record import MetricsRecord, largest_peak_memory, steady_means
 
 
 def log_line(r: MetricsRecord) -> str:

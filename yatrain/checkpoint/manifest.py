@@ -16,14 +16,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from yatrain.checkpoint.checksums import HASH, LEGACY_HASH, file_matches
+from yatrain.checkpoint.safe_load import METADATA, UnsafeCheckpoint, data_files, read_metadata
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models.llama import build_model
 from yatrain.schema import build_dataclass
 from yatrain.sharding import StateEntry, describe_state
-from yatrain.train.checksum import HASH, LEGACY_HASH, file_matches
-from yatrain.train.dcp_safe import METADATA, UnsafeCheckpoint, data_files, read_metadata
 
 MANIFEST = "yatrain-checkpoint.json"
 FORMAT = "yatrain-checkpoint-v2"  # v2: XXH3-64 of every file; v1: CRC32 up to 2 GiB only

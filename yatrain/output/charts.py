@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from yatrain.common import GIB
-from yatrain.train.record import MetricsRecord
-from yatrain.train.report import BREAKDOWN
+from yatrain.output.console import BREAKDOWN
+from yatrain.output.record import MetricsRecord
 
 Runs = dict[str, list[MetricsRecord]]  # a run's label -> its records
 

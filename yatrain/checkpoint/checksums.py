@@ -17,7 +17,7 @@ from pathlib import Path
 
 import xxhash
 
-from yatrain.train.files import crc32
+from yatrain.checkpoint.files import crc32
 
 HASH = "xxh3_64"  # the manifest's key for a file's checksum
 LEGACY_HASH = "crc32"  # checkpoints written before XXH3 (yatrain-checkpoint-v1)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from yatrain.config import Recipe
 from yatrain.errors import ConfigError
-from yatrain.train.record import MetricsRecord
+from yatrain.output.record import MetricsRecord
 
 
 def require_tensorboard(recipe: Recipe) -> None:

@@ -15,15 +15,15 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
+from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
+from yatrain.checkpoint.store import checkpoint_tokenizer, dcp_mesh, load_weights
 from yatrain.common import DTYPES
 from yatrain.config import Recipe, load_recipe, recipe_from_dict
 from yatrain.errors import ConfigError, DataError
 from yatrain.models.llama import build_model
+from yatrain.runtime.process import Runtime, init_runtime
 from yatrain.sharding import InitHooks, ShardedEngine
-from yatrain.train.checkpoint import checkpoint_tokenizer, dcp_mesh, load_weights
 from yatrain.train.evaluate import build_evaluator
-from yatrain.train.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
-from yatrain.train.runtime import Runtime, init_runtime
 
 _NO_INIT = InitHooks(lambda index, kept: None, lambda: None)  # every weight is loaded afterwards
 

@@ -33,12 +33,10 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim import Optimizer
 
 from yatrain import __version__
-from yatrain.data import Tokenizer, load_tokenizer
-from yatrain.sharding import ShardedEngine, ShardView, StateEntry
-from yatrain.train.checksum import copy_hashed
-from yatrain.train.dcp_io import failure_message, load_alone, load_state, save_state
-from yatrain.train.files import fsync_dir, write_json_atomic
-from yatrain.train.manifest import (
+from yatrain.checkpoint.checksums import copy_hashed
+from yatrain.checkpoint.dcp_io import failure_message, load_alone, load_state, save_state
+from yatrain.checkpoint.files import fsync_dir, write_json_atomic
+from yatrain.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
     CheckpointError,
@@ -48,8 +46,10 @@ from yatrain.train.manifest import (
     complete_checkpoints,
     read_manifest,
 )
-from yatrain.train.optim import ensure_state, share_step_count, step_count
-from yatrain.train.runtime import Runtime
+from yatrain.checkpoint.optimizer_state import ensure_state, share_step_count, step_count
+from yatrain.data import Tokenizer, load_tokenizer
+from yatrain.runtime.process import Runtime
+from yatrain.sharding import ShardedEngine, ShardView, StateEntry
 
 # ---------------------------------------------------------------------- state <-> tensors
 

@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 from yatrain.errors import ConfigError
-from yatrain.train.hang import hang_dir
-from yatrain.train.record import MetricsRecord
-from yatrain.train.report import BREAKDOWN, format_summary, run_summary
-from yatrain.train.run_charts import Runs, draw_charts
+from yatrain.output.charts import Runs, draw_charts
+from yatrain.output.console import BREAKDOWN, format_summary, run_summary
+from yatrain.output.record import MetricsRecord
+from yatrain.runtime.hang import hang_dir
 
 
 def read_run(run_dir: Path) -> list[MetricsRecord]:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
+from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
+from yatrain.checkpoint.store import checkpoint_tokenizer, iter_full_weights
 from yatrain.common import DTYPES
 from yatrain.errors import ConfigError
 from yatrain.models.generate import Sampling, generate
 from yatrain.models.llama import Llama, build_model
-from yatrain.train.checkpoint import checkpoint_tokenizer, iter_full_weights
-from yatrain.train.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
 
 
 def load_plain_model(saved: SavedCheckpoint, device: torch.device, dtype: torch.dtype) -> Llama:

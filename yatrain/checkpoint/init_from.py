@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
+from yatrain.checkpoint.hf_source import HFSource, Rows
+from yatrain.checkpoint.manifest import MANIFEST, open_checkpoint
+from yatrain.checkpoint.store import read_weights
 from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError
 from yatrain.models.llama import Llama
 from yatrain.sharding import InitHooks
 from yatrain.sharding.contract import Kept
-from yatrain.train.checkpoint import read_weights
-from yatrain.train.hf_source import HFSource, Rows
-from yatrain.train.manifest import MANIFEST, open_checkpoint
 
 Reader = Callable[[str, Rows, torch.Tensor], None]  # fill rows of the parameter named
 
