@@ -26,23 +26,47 @@ def check_shapes(r: Recipe) -> None:
     rs = m.rope_scaling
     band = rs is not None and rs.high_freq_factor <= rs.low_freq_factor
     checks = [
-        (m.dim % m.n_heads, f"'model.dim' ({m.dim}) is not divisible by 'model.n_heads' "
-         f"({m.n_heads}); choose n_heads that divides dim"),
-        (m.n_heads % m.n_kv_heads, f"'model.n_heads' ({m.n_heads}) is not divisible by "
-         f"'model.n_kv_heads' ({m.n_kv_heads}); set n_kv_heads to one of {divisors}"),
-        (m.head_dim % 2, f"head dim 'model.dim'/'model.n_heads' = {m.head_dim} is odd; "
-         "rotary embeddings need an even head dim, change dim or n_heads"),
-        (data.seq_len > m.max_seq_len, f"'data.seq_len' ({data.seq_len}) exceeds "
-         f"'model.max_seq_len' ({m.max_seq_len}); lower one or raise the other"),
-        (gbs % micro, f"'data.global_batch_size' ({gbs}) is not a multiple of "
-         f"'data.micro_batch_size' ({micro}); use e.g. {-(-gbs // micro) * micro}"),
-        (too_deep, f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
-         f"'model.n_layers' ({m.n_layers}); use 0..{m.n_layers}"),
-        (band, "'model.rope_scaling.high_freq_factor' must exceed low_freq_factor (Llama 3.1: "
-         "4 and 1)"),
-        (optim.min_lr > optim.lr, f"'optim.min_lr' ({optim.min_lr}) is greater than "
-         f"'optim.lr' ({optim.lr}); the schedule decays from lr down to min_lr, lower it"),
-    ]  # fmt: skip
+        (
+            m.dim % m.n_heads,
+            f"'model.dim' ({m.dim}) is not divisible by 'model.n_heads' "
+            f"({m.n_heads}); choose n_heads that divides dim",
+        ),
+        (
+            m.n_heads % m.n_kv_heads,
+            f"'model.n_heads' ({m.n_heads}) is not divisible by "
+            f"'model.n_kv_heads' ({m.n_kv_heads}); set n_kv_heads to one of {divisors}",
+        ),
+        (
+            m.head_dim % 2,
+            f"head dim 'model.dim'/'model.n_heads' = {m.head_dim} is odd; "
+            "rotary embeddings need an even head dim, change dim or n_heads",
+        ),
+        (
+            data.seq_len > m.max_seq_len,
+            f"'data.seq_len' ({data.seq_len}) exceeds "
+            f"'model.max_seq_len' ({m.max_seq_len}); lower one or raise the other",
+        ),
+        (
+            gbs % micro,
+            f"'data.global_batch_size' ({gbs}) is not a multiple of "
+            f"'data.micro_batch_size' ({micro}); use e.g. {-(-gbs // micro) * micro}",
+        ),
+        (
+            too_deep,
+            f"'sharding.activation_checkpoint_layers' ({n_ckpt}) exceeds "
+            f"'model.n_layers' ({m.n_layers}); use 0..{m.n_layers}",
+        ),
+        (
+            band,
+            "'model.rope_scaling.high_freq_factor' must exceed low_freq_factor (Llama 3.1: "
+            "4 and 1)",
+        ),
+        (
+            optim.min_lr > optim.lr,
+            f"'optim.min_lr' ({optim.min_lr}) is greater than "
+            f"'optim.lr' ({optim.lr}); the schedule decays from lr down to min_lr, lower it",
+        ),
+    ]
     for failed, message in checks:
         if failed:
             raise ConfigError(message)

@@ -26,7 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.optim import Optimizer
 
 from yatrain.checkpoint.dcp_io import AsyncWrite, HostStager, save_state_async
-from yatrain.checkpoint.store import PendingSave, begin_save, complete_save, training_state
+from yatrain.checkpoint.dcp_state import training_state
+from yatrain.checkpoint.store import PendingSave, begin_save, complete_save
 from yatrain.sharding import ShardedEngine
 
 
@@ -39,9 +40,12 @@ class AsyncSaver:
             raise RuntimeError("asynchronous checkpoints need a process group (one rank is enough)")
         self.mesh = mesh
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        gloo = {dim: "gloo" for dim in range(mesh.ndim)}
-        host_mesh = init_device_mesh("cpu", tuple(mesh.shape), mesh_dim_names=mesh.mesh_dim_names,
-                                     backend_override=gloo)  # fmt: skip
+        host_mesh = init_device_mesh(
+            "cpu",
+            tuple(mesh.shape),
+            mesh_dim_names=mesh.mesh_dim_names,
+            backend_override={dim: "gloo" for dim in range(mesh.ndim)},
+        )
         self.stager = HostStager(host_mesh, pinned=device.type == "cuda")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="yatrain-ckpt")
         self._pending: tuple[int, Future[Path]] | None = None
@@ -52,13 +56,22 @@ class AsyncSaver:
         return self._pending[0] if self._pending is not None else None
 
     def save(
-        self, root: Path, step: int, engine: ShardedEngine, optimizer: Optimizer, meta: dict,
-        *, is_main: bool, keep: int, tokenizer_files: Sequence[Path] = (),
-    ) -> None:  # fmt: skip
+        self,
+        root: Path,
+        step: int,
+        engine: ShardedEngine,
+        optimizer: Optimizer,
+        meta: dict,
+        *,
+        is_main: bool,
+        keep: int,
+        tokenizer_files: Sequence[Path] = (),
+    ) -> None:
         """Collective: ``save_checkpoint``'s asynchronous twin (after ``wait``): returns once
         the state is in host memory."""
-        save = begin_save(root, step, engine, meta, is_main=is_main, keep=keep,
-                          tokenizer_files=tokenizer_files)  # fmt: skip
+        save = begin_save(
+            root, step, engine, meta, is_main=is_main, keep=keep, tokenizer_files=tokenizer_files
+        )
         self.start(save, training_state(engine, optimizer, self.mesh))
 
     def start(self, save: PendingSave, state: dict) -> None:
@@ -75,7 +88,8 @@ class AsyncSaver:
 
     def failed(self) -> bool:
         """Whether the save in flight has finished with an error (never blocks)."""
-        return self.finished() and self._pending[1].exception() is not None
+        pending = self._pending
+        return pending is not None and pending[1].done() and pending[1].exception() is not None
 
     def wait(self) -> Path | None:
         """The save in flight, once complete (None if there is none). Raises its failure:

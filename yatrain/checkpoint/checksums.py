@@ -14,10 +14,14 @@ from __future__ import annotations
 import io
 import shutil
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 import xxhash
 
 from yatrain.checkpoint.files import crc32
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 HASH = "xxh3_64"  # the manifest's key for a file's checksum
 LEGACY_HASH = "crc32"  # checkpoints written before XXH3 (yatrain-checkpoint-v1)
@@ -48,7 +52,7 @@ class HashingStream(io.RawIOBase):
     It offers what ``torch.save`` and DCP's writer use of a file (write, tell, flush,
     fileno); writes are sequential, so the digest is the file's."""
 
-    def __init__(self, raw: io.BufferedWriter) -> None:
+    def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
         self.raw = raw
         self.digest = xxhash.xxh3_64()
@@ -57,7 +61,7 @@ class HashingStream(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:
+    def write(self, data: ReadableBuffer) -> int:
         view = memoryview(data).cast("B")
         written = self.raw.write(view)
         self.digest.update(view)

@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -72,7 +73,13 @@ class HashingWriter(FileSystemWriter):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.fs = HashingFileSystem()
+        self.hashing_fs = HashingFileSystem()
+        self.fs = self.hashing_fs
+
+    @property
+    def records(self) -> dict[str, dict]:
+        """The manifest entries of the files written so far, by name."""
+        return self.hashing_fs.records
 
 
 def save_state(state: dict, path: Path) -> dict[str, dict]:
@@ -81,7 +88,7 @@ def save_state(state: dict, path: Path) -> dict[str, dict]:
     writer = HashingWriter(path)
     with _group() as group:
         dcp.save(state, storage_writer=writer, process_group=group)
-    return writer.fs.records
+    return writer.records
 
 
 class AsyncWrite:
@@ -92,13 +99,16 @@ class AsyncWrite:
         self, state: dict, path: Path, group: dist.ProcessGroup, stager: HostStager
     ) -> None:
         self.writer = HashingWriter(path)
-        self.upload = dcp.async_save(
+        upload = dcp.async_save(
             state, storage_writer=self.writer, process_group=group, async_stager=stager
         )
+        # A stager that copies synchronously (``HostStager``) gets DCP's plain Future back;
+        # a staging Future would come with the upload's inside an AsyncSaveResponse.
+        self.upload = upload if isinstance(upload, Future) else upload.upload_completion
 
     def result(self) -> dict[str, dict]:
         self.upload.result()
-        return self.writer.fs.records
+        return self.writer.records
 
 
 class HostStager(AsyncStager):
@@ -116,15 +126,24 @@ class HostStager(AsyncStager):
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     def stage(self, state_dict: dict) -> dict:
-        return self._stage(state_dict, ())
+        return self._stage_dict(state_dict, ())
+
+    def _stage_dict(self, state: dict, path: tuple) -> dict:
+        return {key: self._stage(inner, (*path, key)) for key, inner in state.items()}
 
     def _stage(self, value: object, path: tuple) -> object:
         if isinstance(value, dict):
-            return {key: self._stage(inner, (*path, key)) for key, inner in value.items()}
+            return self._stage_dict(value, path)
         if isinstance(value, DTensor):
             host = self._copy(path, value.to_local())
-            return DTensor.from_local(host, self.mesh, value.placements, run_check=False,
-                                      shape=value.shape, stride=value.stride())  # fmt: skip
+            return DTensor.from_local(
+                host,
+                self.mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
+            )
         return self._copy(path, value) if torch.is_tensor(value) else value
 
     def _copy(self, path: tuple, tensor: torch.Tensor) -> torch.Tensor:

@@ -113,7 +113,9 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _write_safetensors(saved: SavedCheckpoint, torch_dtype: torch.dtype, folder: Path):
+def _write_safetensors(
+    saved: SavedCheckpoint, torch_dtype: torch.dtype, folder: Path
+) -> tuple[dict[str, str], int]:
     """Stream units into files of at most SHARD_BYTES; name them once the count is known."""
     parts: list[tuple[Path, list[str]]] = []
     current: dict[str, torch.Tensor] = {}
@@ -133,7 +135,7 @@ def _write_safetensors(saved: SavedCheckpoint, torch_dtype: torch.dtype, folder:
         current[key] = value.clone()
         size, total = size + nbytes, total + nbytes
     flush()
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for number, (path, keys) in enumerate(parts, start=1):
         final = (
             "model.safetensors"

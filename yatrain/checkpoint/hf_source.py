@@ -11,8 +11,10 @@ the copies in flight stay a few MiB however large the tensor.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
@@ -25,6 +27,13 @@ from yatrain.schema import to_dict
 
 Rows = tuple[int, int] | None  # [r0, r1) of a tensor's first dimension; None: all of it
 CHUNK_NUMEL = 2**22  # elements read per opening of a file: 8 MiB of bf16
+
+
+class RowSlice(Protocol):
+    """What ``safe_open(...).get_slice`` returns (untyped in safetensors): rows on indexing."""
+
+    def __getitem__(self, rows: slice) -> torch.Tensor: ...
+
 
 # The keys of the recipe's model section a directory must agree with.
 _COMPARED = (
@@ -77,16 +86,17 @@ class HFSource:
             with safe_open(path, "pt") as f:
                 param[start:stop].copy_(self._rows(f.get_slice(key), wanted))
 
-    def _rows(self, part, wanted: list[int]) -> torch.Tensor:
+    def _rows(self, part: RowSlice, wanted: list[int]) -> torch.Tensor:
         """Rows ``wanted`` (in that order) of a tensor, read as few contiguous runs."""
         if wanted == list(range(wanted[0], wanted[-1] + 1)):
             return self._count(part[wanted[0] : wanted[-1] + 1])
         needed = sorted(set(wanted))
         runs, start = [], needed[0]
-        for previous, row in zip(needed, [*needed[1:], None], strict=True):
+        for previous, row in itertools.pairwise(needed):
             if row != previous + 1:
                 runs.append(self._count(part[start : previous + 1]))
                 start = row
+        runs.append(self._count(part[start : needed[-1] + 1]))
         stacked = torch.cat(runs)
         position = {row: i for i, row in enumerate(needed)}
         return stacked[torch.tensor([position[row] for row in wanted])]

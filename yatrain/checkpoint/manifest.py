@@ -110,12 +110,20 @@ def read_manifest(path: Path) -> dict:
 
 
 _FIELDS = {  # key: (type, required)
-    "format": (str, True), "step": (int, True), "world_size_at_save": (int, True),
-    "unit_numels": (list, True), "files": (dict, True), "model": (dict, True),
-    "yatrain_version": (str, False), "loader": (dict, False), "tokens_seen": (int, False),
-    "skipped_steps": (int, False), "dtype": (str, False), "recipe_sha256": (str, False),
+    "format": (str, True),
+    "step": (int, True),
+    "world_size_at_save": (int, True),
+    "unit_numels": (list, True),
+    "files": (dict, True),
+    "model": (dict, True),
+    "yatrain_version": (str, False),
+    "loader": (dict, False),
+    "tokens_seen": (int, False),
+    "skipped_steps": (int, False),
+    "dtype": (str, False),
+    "recipe_sha256": (str, False),
     "recipe": (dict, False),
-}  # fmt: skip
+}
 
 
 def _schema_problem(manifest: object) -> str | None:

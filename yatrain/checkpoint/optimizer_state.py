@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def ensure_state(optimizer: torch.optim.AdamW) -> None:
-    """Create AdamW's state the way its first step would, so a checkpoint load has tensors
-    to fill."""
+def ensure_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create AdamW's state (``optimizer`` is an AdamW) the way its first step would, so a
+    checkpoint load has tensors to fill."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             if not optimizer.state[param]:

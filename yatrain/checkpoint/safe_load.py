@@ -27,8 +27,14 @@ METADATA = ".metadata"
 
 _DCP_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},  # a layout from its name, a table lookup
@@ -36,7 +42,7 @@ _DCP_CLASSES = {
     "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
     "collections": {"OrderedDict"},
     "builtins": {"set", "frozenset"},
-}  # fmt: skip
+}
 
 
 class UnsafeCheckpoint(Exception):
@@ -90,9 +96,10 @@ class SafeReader(FileSystemReader):
 
     def read_metadata(self) -> Metadata:  # no rank argument: DCP tries no per-rank files
         metadata = self.metadata
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

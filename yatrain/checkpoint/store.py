@@ -1,11 +1,11 @@
 """Sharded, atomic, reshardable, checksummed checkpoints through ``torch.distributed.checkpoint``.
 
-What is saved is the engine's own view of its state (``ShardedEngine.sharded_state``): the
-fp32 master weights and AdamW moments as flat tensors under the engine's names, each rank
-contributing its contiguous slice with its global offset. DCP records those offsets, so a
-checkpoint loads at any world size, or in a single process (export, ``init_from``). No rank
-ever holds the full model. Every DCP call goes through ``dcp_io``: each rank hashes its own
-files as it writes them, and reading never unpickles anything but DCP's metadata.
+What is saved is the engine's own view of its state (``dcp_state``): the fp32 master
+weights and AdamW moments as flat tensors under the engine's names, each rank contributing
+its contiguous slice with its global offset. DCP records those offsets, so a checkpoint
+loads at any world size, or in a single process (export, ``init_from``). No rank ever holds
+the full model. Every DCP call goes through ``dcp_io``: each rank hashes its own files as
+it writes them, and reading never unpickles anything but DCP's metadata.
 
 A checkpoint is written to ``.tmp-step-N`` and renamed to ``step-N`` only after every rank
 has finished and the manifest (sizes, checksums, model shape, loader position) is complete,
@@ -24,17 +24,18 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim import Optimizer
 
 from yatrain import __version__
 from yatrain.checkpoint.checksums import copy_hashed
 from yatrain.checkpoint.dcp_io import failure_message, load_alone, load_state, save_state
+from yatrain.checkpoint.dcp_state import training_state, weights_state
 from yatrain.checkpoint.files import fsync_dir, write_json_atomic
 from yatrain.checkpoint.manifest import (
     FORMAT,
@@ -46,56 +47,37 @@ from yatrain.checkpoint.manifest import (
     complete_checkpoints,
     read_manifest,
 )
-from yatrain.checkpoint.optimizer_state import ensure_state, share_step_count, step_count
+from yatrain.checkpoint.optimizer_state import share_step_count
 from yatrain.data import Tokenizer, load_tokenizer
 from yatrain.runtime.process import Runtime
-from yatrain.sharding import ShardedEngine, ShardView, StateEntry
+from yatrain.sharding import ShardedEngine, StateEntry
 
-# ---------------------------------------------------------------------- state <-> tensors
-
-
-def _for_dcp(view: ShardView, mesh: DeviceMesh | None) -> torch.Tensor:
-    """A rank's piece as DCP sees it: a dim-0 sharded DTensor (under hybrid sharding,
-    replicated across the mesh's first dimension: DCP writes each piece once), or the whole
-    tensor alone. Pieces keep their global offsets, so any layout loads any checkpoint."""
-    if mesh is None:
-        return view.local
-    shape = torch.Size([view.numel])
-    placements = [Shard(0)] if mesh.ndim == 1 else [Replicate(), Shard(0)]
-    return DTensor.from_local(view.local, mesh, placements, run_check=False, shape=shape,
-                              stride=(1,))  # fmt: skip
-
-
-def training_state(engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh | None) -> dict:
-    """Views of the engine's shards and AdamW moments, wrapped for DCP (no copies)."""
-    ensure_state(optimizer)
-    state: dict = {
-        group: {key: _for_dcp(view, mesh) for key, view in views.items()}
-        for group, views in engine.sharded_state(optimizer).items()
-    }
-    state["adam_step"] = step_count(optimizer)
-    # No RNG state: nothing in training draws from a global generator (init uses per-unit
-    # generators, the data order its own seeded permutation, and there is no dropout), so
-    # there is nothing to restore. tests/test_checkpoint.py reseeds the global RNG between
-    # the halves of a resumed run to keep it that way.
-    return state
-
+_T = TypeVar("_T")
 
 # ---------------------------------------------------------------------- saving
 
 
 def save_checkpoint(
-    root: Path, step: int, engine: ShardedEngine, optimizer: Optimizer,
-    mesh: DeviceMesh | None, meta: dict, *,
-    is_main: bool, keep: int, tokenizer_files: Sequence[Path] = (),
-) -> Path:  # fmt: skip
+    root: Path,
+    step: int,
+    engine: ShardedEngine,
+    optimizer: Optimizer,
+    mesh: DeviceMesh | None,
+    meta: dict,
+    *,
+    is_main: bool,
+    keep: int,
+    tokenizer_files: Sequence[Path] = (),
+) -> Path:
     """Collective: every rank calls it. Returns the final ``step-N`` directory.
 
     The tokenizer's files are copied in, so a checkpoint is self-contained for export. A
     failure (a full disk, a lost file system) is one CheckpointError on every rank, with
     ``.tmp-step-N`` removed and the earlier checkpoints untouched."""
-    save = begin_save(root, step, engine, meta, is_main=is_main, keep=keep,
-                      tokenizer_files=tokenizer_files)  # fmt: skip
+    save = begin_save(
+        root, step, engine, meta, is_main=is_main, keep=keep, tokenizer_files=tokenizer_files
+    )
+    records: dict[str, dict] | BaseException
     try:
         records = save_state(training_state(engine, optimizer, mesh), save.tmp)
     except (OSError, CheckpointException) as error:
@@ -121,9 +103,15 @@ class PendingSave:
 
 
 def begin_save(
-    root: Path, step: int, engine: ShardedEngine, meta: dict, *,
-    is_main: bool, keep: int, tokenizer_files: Sequence[Path] = (),
-) -> PendingSave:  # fmt: skip
+    root: Path,
+    step: int,
+    engine: ShardedEngine,
+    meta: dict,
+    *,
+    is_main: bool,
+    keep: int,
+    tokenizer_files: Sequence[Path] = (),
+) -> PendingSave:
     """Collective: an empty ``.tmp-step-N`` for every rank to write into, and what completing
     the save needs (synchronous and asynchronous saves alike)."""
     tmp = root / f".tmp-step-{step}"
@@ -138,10 +126,13 @@ def begin_save(
 def engine_manifest(engine: ShardedEngine, step: int, meta: dict) -> dict:
     """The manifest of a checkpoint of ``engine`` at ``step`` (files added when complete)."""
     return {
-        "format": FORMAT, "yatrain_version": __version__, "step": step,
+        "format": FORMAT,
+        "yatrain_version": __version__,
+        "step": step,
         "world_size_at_save": engine.world_size,
-        "unit_numels": [entry.numel for entry in engine.state_layout], **meta,
-    }  # fmt: skip
+        "unit_numels": [entry.numel for entry in engine.state_layout],
+        **meta,
+    }
 
 
 def complete_save(
@@ -150,7 +141,7 @@ def complete_save(
     """Collective over ``group``, after every rank wrote its shards (``records``: the files
     it wrote, or why it could not): rank 0 writes the manifest, renames, prunes. Returns
     ``step-N``; raises the same CheckpointError on every rank when any part failed."""
-    problem = None
+    problem: str | None = None
     if isinstance(records, BaseException):  # DCP fails on every rank together
         if save.is_main:
             shutil.rmtree(save.tmp, ignore_errors=True)
@@ -158,8 +149,7 @@ def complete_save(
     files = _gather_records(records, group)
     if save.is_main:
         try:
-            _complete(save.root, save.tmp, save.final, files, save.tokenizer_files, save.keep,
-                      dict(save.manifest))  # fmt: skip
+            _complete(save, files)
         except OSError as error:
             shutil.rmtree(save.tmp, ignore_errors=True)
             problem = save_failure(save.final, error)
@@ -169,20 +159,17 @@ def complete_save(
     return save.final
 
 
-def _complete(
-    root: Path, tmp: Path, final: Path, files: dict, tokenizer_files: Sequence[Path],
-    keep: int, manifest: dict,
-) -> None:  # fmt: skip
+def _complete(save: PendingSave, files: dict) -> None:
     """Rank 0, after every rank wrote its shards: tokenizer, manifest, rename, prune."""
-    for file in tokenizer_files:
-        files[file.name] = copy_hashed(file, tmp / file.name)
-    manifest["files"] = dict(sorted(files.items()))
-    write_json_atomic(tmp / MANIFEST, manifest)
-    if final.exists():  # re-saving a step (e.g. after a restart): replace it only now
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(root)
-    prune(root, keep, final)
+    for file in save.tokenizer_files:
+        files[file.name] = copy_hashed(file, save.tmp / file.name)
+    manifest = {**save.manifest, "files": dict(sorted(files.items()))}
+    write_json_atomic(save.tmp / MANIFEST, manifest)
+    if save.final.exists():  # re-saving a step (e.g. after a restart): replace it only now
+        shutil.rmtree(save.final)
+    os.replace(save.tmp, save.final)
+    fsync_dir(save.root)
+    prune(save.root, save.keep, save.final)
 
 
 def save_failure(final: Path, error: BaseException) -> str:
@@ -211,7 +198,7 @@ def _gather_records(records: dict[str, dict], group: dist.ProcessGroup | None) -
     return merged
 
 
-def _from_main(value: object, group: dist.ProcessGroup | None) -> object:
+def _from_main(value: _T, group: dist.ProcessGroup | None) -> _T:
     """Rank 0's value on every rank (a collective that also serves as the save's barrier)."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
@@ -276,8 +263,7 @@ def load_checkpoint(
 def load_weights(path: Path, engine: ShardedEngine, mesh: DeviceMesh | None) -> None:
     """Collective: fill only the engine's weight shards from ``path`` (evaluation: no
     optimizer), at any world size."""
-    views = engine.sharded_state()["model"]
-    _load({"model": {key: _for_dcp(view, mesh) for key, view in views.items()}}, path)
+    _load(weights_state(engine, mesh), path)
     engine.after_step()
 
 

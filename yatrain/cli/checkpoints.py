@@ -66,7 +66,7 @@ def evaluate(
         "--data",
         help="Data dir: its validation split, or all of it if it has none "
         "(default: the held-out data of the checkpoint's recipe).",
-    ),  # fmt: skip
+    ),
     batches: int | None = typer.Option(
         None, "--batches", min=1, help="Global batches of windows (default: eval.batches)."
     ),
@@ -107,7 +107,7 @@ def generate(
         1.0,
         "--top-p",
         help="Sample from the likeliest tokens whose probabilities add up to p (nucleus).",
-    ),  # fmt: skip
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:

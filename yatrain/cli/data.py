@@ -84,9 +84,12 @@ def _summary(manifest: dict) -> str:
     skipped, val = manifest["skipped_bad_records"], manifest["validation"]
     return (
         f"{manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} documents"
-        + (f" (+ {val['num_tokens']:,} tokens, {val['num_documents']:,} documents held out)"
-           if val else ", no validation split")
+        + (
+            f" (+ {val['num_tokens']:,} tokens, {val['num_documents']:,} documents held out)"
+            if val
+            else ", no validation split"
+        )
         + f", {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
         + (f", {skipped:,} bad records skipped" if skipped else "")
         + (f", {empty:,} empty documents dropped" if (empty := manifest["empty_documents"]) else "")
-    )  # fmt: skip
+    )

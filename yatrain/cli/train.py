@@ -119,7 +119,7 @@ def plan(
         None,
         "--shard-group-size",
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
-    ),  # fmt: skip
+    ),
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding)."""
@@ -201,11 +201,17 @@ def sweep(
         else []
     )
     result = run_sweep(
-        recipe, lengths, settings, steps=steps, warmup=warmup,
-        output=output, keep_batch_sequences=keep_batch_sequences,
-        nproc_per_node=nproc_per_node, overrides=overrides,
+        recipe,
+        lengths,
+        settings,
+        steps=steps,
+        warmup=warmup,
+        output=output,
+        keep_batch_sequences=keep_batch_sequences,
+        nproc_per_node=nproc_per_node,
+        overrides=overrides,
         echo=lambda line: typer.echo(line, err=True),
-    )  # fmt: skip
+    )
     typer.echo(result.table)
     files = ", ".join(p.name for p in result.files)
     typer.echo(f"wrote {result.out_dir}: {files} | wandb {result.wandb_mode}", err=True)

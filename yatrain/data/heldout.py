@@ -110,9 +110,14 @@ class EvalWindows:
     """The windows one evaluation reads from one held-out stream, cut for one rank."""
 
     def __init__(
-        self, held: HeldOut, seq_len: int, requested: int, micro_batch_size: int, rank: int,
+        self,
+        held: HeldOut,
+        seq_len: int,
+        requested: int,
+        micro_batch_size: int,
+        rank: int,
         world_size: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.held, self.seq_len, self.micro = held, seq_len, micro_batch_size
         self.available = held.shards.windows(seq_len)
         if self.available == 0:

@@ -101,7 +101,7 @@ class _Pool:
                 name=f"yatrain-tokenize-{i}",
             )
             for i in range(workers)
-        ]  # fmt: skip
+        ]
         for process in self.processes:
             process.start()
         self.done: dict[int, Packed] = {}

@@ -23,13 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from tqdm import tqdm
-
 from yatrain.data.corpus import Corpus, ReadStats
-from yatrain.data.parallel import default_workers, encode_stream
-from yatrain.data.shards import FORMAT, MANIFEST, ShardWriter, token_dtype
-from yatrain.data.split import DEFAULT_VAL_FRACTION, Packed, held_out
+from yatrain.data.parallel import default_workers
+from yatrain.data.shards import FORMAT, MANIFEST, token_dtype
+from yatrain.data.split import DEFAULT_VAL_FRACTION, held_out
+from yatrain.data.tokenize_shards import Tokenized, tokenize_into
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.data.tokenizer_formats import load_tokenizer
 from yatrain.data.tokenizer_sentencepiece import train_tokenizer
@@ -66,8 +64,14 @@ def prepare_data(
     output = Path(output)
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
-    workers = _check_arguments(output, tokenizer, vocab_size, shard_tokens, workers,
-                               bos_token is not None or eos_token is not None)  # fmt: skip
+    workers = _check_arguments(
+        output,
+        tokenizer,
+        vocab_size,
+        shard_tokens,
+        workers,
+        bos_token is not None or eos_token is not None,
+    )
     corpus = Corpus(inputs, text_field=text_field, skip_bad_records=skip_bad_records)
     source = None if tokenizer is None else load_tokenizer(tokenizer, bos_token, eos_token)
     if next(corpus.documents(), None) is None:
@@ -79,13 +83,7 @@ def prepare_data(
         manifest = {"format": FORMAT, **tok.describe(), "tokenizer_files": names}
         options = _Options(shard_tokens, workers, encode_threads, progress, val_fraction)
         manifest = _tokenize(tmp, manifest, corpus, tok, options)
-        (tmp / _TMP_LOCK).unlink()
-        try:
-            os.rename(tmp, output)  # atomic; replaces ``output`` only if it is an empty dir
-        except OSError:
-            raise DataError(
-                f"output {output} appeared while preparing data: choose another directory"
-            ) from None
+        _move_into_place(tmp, output)
     except KeyboardInterrupt:
         shutil.rmtree(tmp, ignore_errors=True)
         raise Interrupted(
@@ -100,9 +98,13 @@ def prepare_data(
 
 
 def _check_arguments(
-    output: Path, tokenizer: Path | None, vocab_size: int | None, shard_tokens: int,
-    workers: int | None, special_tokens: bool,
-) -> int:  # fmt: skip
+    output: Path,
+    tokenizer: Path | None,
+    vocab_size: int | None,
+    shard_tokens: int,
+    workers: int | None,
+    special_tokens: bool,
+) -> int:
     """Refuse impossible combinations before any work; returns the number of workers."""
     if (tokenizer is None) == (vocab_size is None):
         raise DataError(
@@ -138,6 +140,17 @@ def _temporary(output: Path) -> tuple[Path, int]:
     return tmp, lock
 
 
+def _move_into_place(tmp: Path, output: Path) -> None:
+    """Rename the complete temporary directory to ``output``, its lock file removed first."""
+    (tmp / _TMP_LOCK).unlink()
+    try:
+        os.rename(tmp, output)  # atomic; replaces ``output`` only if it is an empty dir
+    except OSError:
+        raise DataError(
+            f"output {output} appeared while preparing data: choose another directory"
+        ) from None
+
+
 def remove_stale_temporaries(output: Path) -> list[str]:
     """Remove the temporary directories of earlier runs for ``output`` that were killed
     (their lock is free); name those that cannot be told apart from a live run's."""
@@ -162,9 +175,13 @@ def remove_stale_temporaries(output: Path) -> list[str]:
 
 
 def _store_tokenizer(
-    tmp: Path, corpus: Corpus, source: Tokenizer | None, vocab_size: int | None, progress: bool,
+    tmp: Path,
+    corpus: Corpus,
+    source: Tokenizer | None,
+    vocab_size: int | None,
+    progress: bool,
     val_fraction: float,
-) -> tuple[Tokenizer, list[str]]:  # fmt: skip
+) -> tuple[Tokenizer, list[str]]:
     """Copy or train the tokenizer into ``tmp``: the tokenizer, and the names of its files
     there (the vocabulary file, whose hash identifies it, first). A trained tokenizer sees
     the training documents only."""
@@ -181,40 +198,6 @@ def _store_tokenizer(
 
 
 @dataclass
-class Split:
-    """One split's token files and counts, as the manifest records them."""
-
-    files: list[dict]
-    num_documents: int = 0
-    num_tokens: int = 0
-
-    def to_json(self) -> dict:
-        return {
-            "num_documents": self.num_documents,
-            "num_tokens": self.num_tokens,
-            "files": self.files,
-        }
-
-
-@dataclass
-class Tokenized:
-    """What ``tokenize_into`` wrote (the training and validation splits), and how long it
-    took."""
-
-    train: Split
-    val: Split
-    seconds: float
-
-    @property
-    def num_tokens(self) -> int:
-        return self.train.num_tokens + self.val.num_tokens
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_tokens / max(self.seconds, 1e-9)
-
-
-@dataclass
 class _Options:
     shard_tokens: int
     workers: int
@@ -223,56 +206,18 @@ class _Options:
     val_fraction: float
 
 
-def tokenize_into(
-    folder: Path,
-    corpus: Corpus,
-    tok: Tokenizer,
-    shard_tokens: int,
-    workers: int,
-    threads: int = 1,
-    progress: bool = False,
-    val_fraction: float = 0.0,
-) -> Tokenized:
-    """Read, tokenize and write the corpus as token shards in ``folder``, ``val_fraction`` of
-    the documents into the validation split (the stage the progress bar and the throughput
-    benchmark time)."""
-    dtype = token_dtype(tok.vocab_size)
-    writers = (
-        ShardWriter(folder, dtype, shard_tokens),
-        ShardWriter(folder, dtype, shard_tokens, "val"),
-    )
-    train, val = Split([]), Split([])
-    start = time.perf_counter()
-    stream = encode_stream(tok, corpus.documents(), np.dtype(dtype), workers, threads, val_fraction)
-    bar = tqdm(
-        desc="tokenizing", unit="tok", unit_scale=True, file=sys.stderr, disable=not progress
-    )
-    with contextlib.closing(stream):  # ends the workers at once if this stops early
-        for chunk in stream:
-            _write_chunk(chunk, writers, (train, val), bar)
-    bar.close()
-    train.files, val.files = writers[0].close(), writers[1].close()
-    return Tokenized(train, val, time.perf_counter() - start)
-
-
-def _write_chunk(chunk: Packed, writers: tuple, splits: tuple[Split, Split], bar: tqdm) -> None:
-    """One tokenized chunk into the training and validation shards."""
-    train, val = splits
-    for writer, split, tokens, docs in [
-        (writers[0], train, chunk.train, chunk.train_documents),
-        (writers[1], val, chunk.val, chunk.val_documents),
-    ]:
-        writer.write(tokens)
-        split.num_documents += docs
-        split.num_tokens += len(tokens)
-        bar.update(len(tokens))
-    bar.set_postfix(docs=f"{train.num_documents + val.num_documents:,}", refresh=False)
-
-
 def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options: _Options) -> dict:
     """Write the token shards into ``tmp`` and complete and write ``manifest``."""
-    done = tokenize_into(tmp, corpus, tok, options.shard_tokens, options.workers,
-                         options.threads, options.progress, options.val_fraction)  # fmt: skip
+    done = tokenize_into(
+        tmp,
+        corpus,
+        tok,
+        options.shard_tokens,
+        options.workers,
+        options.threads,
+        options.progress,
+        options.val_fraction,
+    )
     if done.num_tokens == 0:
         raise DataError("the inputs produced no tokens: check --input")
     if done.train.num_tokens == 0:

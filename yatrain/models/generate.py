@@ -81,9 +81,11 @@ def next_logits(model: Llama, tokens: torch.Tensor, cache: KVCache | None) -> to
 
 
 def choose(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
     vocab_limit: int | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """The next token id from one position's logits [vocab] (see the module docstring);
     ids at or above ``vocab_limit`` (rows the tokenizer has no token for) are never chosen."""
     logits = logits.float().clone()
@@ -107,10 +109,16 @@ def choose(
 
 @torch.no_grad()
 def generate(
-    model: Llama, prompt: list[int], *, max_new_tokens: int, sampling: Sampling,
-    eos_id: int | None = None, generator: torch.Generator | None = None,
-    vocab_limit: int | None = None, use_cache: bool = True,
-) -> tuple[list[int], str]:  # fmt: skip
+    model: Llama,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    vocab_limit: int | None = None,
+    use_cache: bool = True,
+) -> tuple[list[int], str]:
     """New token ids after ``prompt`` and why generation stopped: ``"eos"`` (the EOS id,
     included, was generated), ``"max_new_tokens"``, or ``"context"`` (the model's
     ``max_seq_len`` is full)."""

@@ -161,17 +161,23 @@ def unsupported(config: dict) -> str | None:
     if kind not in ("default", "llama3"):
         return f"rotary scaling rope_type {kind!r} (yatrain reads only llama3, Llama 3.1's)"
     checks = [
-        (config.get("model_type", "llama") != "llama",
-         f"model_type {config.get('model_type')!r} (only llama is read)"),
+        (
+            config.get("model_type", "llama") != "llama",
+            f"model_type {config.get('model_type')!r} (only llama is read)",
+        ),
         (config.get("hidden_act", "silu") != "silu", f"hidden_act {config.get('hidden_act')!r}"),
         (config.get("attention_bias") or config.get("mlp_bias"), "bias terms"),
-    ]  # fmt: skip
+    ]
     return next((why for failed, why in checks if failed), None)
 
 
 _REQUIRED_INTS = (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-)  # fmt: skip
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
 def model_config_from_hf(config: dict) -> ModelConfig:

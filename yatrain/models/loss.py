@@ -120,6 +120,7 @@ def linear_cross_entropy(
         )
     flat_h, flat_targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
     if not torch.is_grad_enabled():  # no graph (evaluation): the loss alone
-        return _loss_and_grads(flat_h, weight, flat_targets, chunk_tokens, ignore_index,
-                               False, False)[0]  # fmt: skip
+        return _loss_and_grads(
+            flat_h, weight, flat_targets, chunk_tokens, ignore_index, False, False
+        )[0]
     return _LinearCrossEntropy.apply(flat_h, weight, flat_targets, chunk_tokens, ignore_index)

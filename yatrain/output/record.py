@@ -68,13 +68,26 @@ class MetricsRecord:
 
     @classmethod
     def measure(
-        cls, *, step: int, loss: float, lr: float, grad_norm: float, tokens_per_step: int,
-        window_s: float, window_steps: int, world_size: int, flops_per_token: float,
-        peak_flops: float, peak_memory: int | None, data_wait_s: float,
+        cls,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        grad_norm: float,
+        tokens_per_step: int,
+        window_s: float,
+        window_steps: int,
+        world_size: int,
+        flops_per_token: float,
+        peak_flops: float,
+        peak_memory: int | None,
+        data_wait_s: float,
         bytes_sent: tuple[int, int],
-        skipped_steps: int, peak_tensors: int | None = None, val: dict | None = None,
+        skipped_steps: int,
+        peak_tensors: int | None = None,
+        val: dict | None = None,
         breakdown: dict | None = None,
-    ) -> MetricsRecord:  # fmt: skip
+    ) -> MetricsRecord:
         """The record of a window of ``window_steps`` steps that took ``window_s`` seconds;
         ``val``: an evaluation's fields (``Evaluation.record_fields``); ``bytes_sent``:
         (within the shard group, across groups) so far; ``breakdown``: the step-time and

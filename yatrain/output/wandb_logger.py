@@ -25,8 +25,13 @@ from yatrain.errors import YatrainError
 PROBE_TIMEOUT_S = 3.0  # how long auto waits for the W&B host before logging offline
 INIT_TIMEOUT_S = 20.0  # how long auto lets wandb.init take online before falling back
 _STRICTNESS = ("online", "offline", "disabled")
-_ENV_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline",
-              "disabled": "disabled"}  # fmt: skip
+_ENV_MODES = {
+    "online": "online",
+    "run": "online",
+    "offline": "offline",
+    "dryrun": "offline",
+    "disabled": "disabled",
+}
 
 
 def resolve_mode(mode: str) -> tuple[str, str | None]:
@@ -74,9 +79,13 @@ def _unreachable(host: str) -> str | None:
 
 class WandbLogger:
     def __init__(
-        self, cfg: WandbConfig, run_dir: Path, config: dict, name: str,
+        self,
+        cfg: WandbConfig,
+        run_dir: Path,
+        config: dict,
+        name: str,
         say: Callable[[str], None] = print,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.mode, note = resolve_mode(cfg.mode)
         self.run, self.say = None, say
         if note:
@@ -92,8 +101,15 @@ class WandbLogger:
         id_file = run_dir / "wandb-run-id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
         id_file.write_text(run_id)
-        args = dict(id=run_id, resume="allow", project=cfg.project, entity=cfg.entity,
-                    name=name, config=config, dir=str(run_dir))  # fmt: skip
+        args = dict(
+            id=run_id,
+            resume="allow",
+            project=cfg.project,
+            entity=cfg.entity,
+            name=name,
+            config=config,
+            dir=str(run_dir),
+        )
         try:
             self.run = self._init(wandb, args, cfg.mode == "auto")
         except Exception as error:  # wandb raises its own CommError, UsageError, ...

@@ -46,9 +46,14 @@ class ActivationSizes:
 
     @classmethod
     def of(
-        cls, m: ModelConfig, seq_len: int, micro_batch: int, dtype: str, chunk_tokens: int,
+        cls,
+        m: ModelConfig,
+        seq_len: int,
+        micro_batch: int,
+        dtype: str,
+        chunk_tokens: int,
         compiled: bool = False,
-    ) -> ActivationSizes:  # fmt: skip
+    ) -> ActivationSizes:
         p, n, d = dtype_bytes(dtype), seq_len * micro_batch, m.dim
         lse = 4 * micro_batch * m.n_heads * seq_len  # fp32 log-sum-exp per query and head
         chunk = min(chunk_tokens, n)
@@ -92,9 +97,13 @@ def compiled_layer(m: ModelConfig, n: int, p: int) -> int:
 
 
 def activation_peak(
-    a: ActivationSizes, n_layers: int, checkpointed: int, g: GradientShards, accumulating: bool,
+    a: ActivationSizes,
+    n_layers: int,
+    checkpointed: int,
+    g: GradientShards,
+    accumulating: bool,
     direct: bool = False,
-) -> tuple[str, dict[str, int]]:  # fmt: skip
+) -> tuple[str, dict[str, int]]:
     """The largest moment of a step above the resident state: (moment, its parts in bytes).
 
     Moments: the loss; the backward of each layer that kept its activations and the
@@ -105,8 +114,13 @@ def activation_peak(
     k, n = checkpointed, n_layers
 
     def moment(acts: int, loss: int, head: int, workspace: int, grads: int) -> dict[str, int]:
-        return {"activations": acts, "logits_and_loss": loss, "head_gradient": head,
-                "backward_workspace": workspace, "gradients": grads}  # fmt: skip
+        return {
+            "activations": acts,
+            "logits_and_loss": loss,
+            "head_gradient": head,
+            "backward_workspace": workspace,
+            "gradients": grads,
+        }
 
     def reduced(layers_above: int) -> int:  # the head and the layers above this one
         return g.all_units if accumulating else g.head + (layers_above + direct) * g.layer
@@ -115,7 +129,7 @@ def activation_peak(
     moments = {
         "loss": moment(
             saved + a.final_norm, a.loss, a.head_gradient, 0, g.all_units if accumulating else 0
-        ),  # fmt: skip
+        ),
         "gradient norm": moment(0, 0, 0, 0, g.all_units),
     }
     for i in range(n - 1, k - 1, -1):  # layers that kept their activations

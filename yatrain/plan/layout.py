@@ -96,12 +96,17 @@ def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
     fp8 = fp8_units(recipe.model, recipe.train.float8, group == 1)
     tensors = _fp8_tensors(recipe.model, fp8)
     return step_traffic(
-        numels, reads, small, shard_size=group, replicas=world_size // group,
+        numels,
+        reads,
+        small,
+        shard_size=group,
+        replicas=world_size // group,
         param_dtype=DTYPES[recipe.train.dtype],
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         micro_batches=data.global_batch_size // (data.micro_batch_size * world_size),
-        fp8_units=fp8, fp8_tensors=tensors,
-    )  # fmt: skip
+        fp8_units=fp8,
+        fp8_tensors=tensors,
+    )
 
 
 def traffic_table(recipe: Recipe, world_size: int, group: int) -> dict[str, dict[str, int]]:

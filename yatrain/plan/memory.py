@@ -54,9 +54,14 @@ def default_runtime_allowance(gpu_memory_bytes: float) -> int:
 
 
 def engine_layout(
-    m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
-    direct: bool | None = None, float8: str | None = None,
-) -> tuple[int, int, EngineBuffers]:  # fmt: skip
+    m: ModelConfig,
+    world: int,
+    dtype: str,
+    reduce_dtype: str,
+    prefetch_depth: int,
+    direct: bool | None = None,
+    float8: str | None = None,
+) -> tuple[int, int, EngineBuffers]:
     """(elements of this rank's shard of every unit, of the norm group, the buffers the
     engine preallocates), from the same functions the engine uses."""
     layouts, small = unit_layouts(m, world)
@@ -77,9 +82,14 @@ def engine_layout(
 
 
 def engine_state_bytes(
-    m: ModelConfig, world: int, dtype: str, reduce_dtype: str, prefetch_depth: int,
-    direct: bool | None = None, float8: str | None = None,
-) -> dict[str, int]:  # fmt: skip
+    m: ModelConfig,
+    world: int,
+    dtype: str,
+    reduce_dtype: str,
+    prefetch_depth: int,
+    direct: bool | None = None,
+    float8: str | None = None,
+) -> dict[str, int]:
     """Bytes per rank of every tensor the engine and AdamW keep for the whole run (the
     fp32 gradient shards, which they do not, are ``GradientShards``)."""
     units, small, buffers = engine_layout(
@@ -137,9 +147,12 @@ class MemoryPlan:
 
 
 def plan_for_layers(
-    recipe: Recipe, world_size: int, checkpointed: int, gpu_memory_bytes: int | None = None,
+    recipe: Recipe,
+    world_size: int,
+    checkpointed: int,
+    gpu_memory_bytes: int | None = None,
     runtime_allowance_bytes: int | None = None,
-) -> MemoryPlan:  # fmt: skip
+) -> MemoryPlan:
     """Peak memory per GPU with the first ``checkpointed`` decoder layers checkpointed."""
     m, s, data, dtype = recipe.model, recipe.sharding, recipe.data, recipe.train.dtype
     if runtime_allowance_bytes is None:
@@ -150,9 +163,13 @@ def plan_for_layers(
         m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8
     )
     acts = ActivationSizes.of(
-        m, data.seq_len, data.micro_batch_size, dtype, recipe.train.loss_chunk_tokens,
+        m,
+        data.seq_len,
+        data.micro_batch_size,
+        dtype,
+        recipe.train.loss_chunk_tokens,
         compiled=recipe.train.compile,
-    )  # fmt: skip
+    )
     accumulating = data.global_batch_size > data.micro_batch_size * world_size
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(

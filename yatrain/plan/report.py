@@ -75,16 +75,23 @@ def layout_words(plan: MemoryPlan) -> str:
 
 def traffic_lines(plan: MemoryPlan) -> list[str]:
     """The per-step traffic table: full sharding against the recipe's hybrid layout."""
-    rows = {"full": f"full sharding over {plan.world_size}",
-            "hybrid": f"hybrid, groups of {plan.shard_group_size}"}  # fmt: skip
-    lines = ["per-step bytes sent per GPU (ring accounting; every backward re-gather counted):",
-             f"  {'layout':<30} {'within groups':>14} {'across groups':>14}"]  # fmt: skip
+    rows = {
+        "full": f"full sharding over {plan.world_size}",
+        "hybrid": f"hybrid, groups of {plan.shard_group_size}",
+    }
+    lines = [
+        "per-step bytes sent per GPU (ring accounting; every backward re-gather counted):",
+        f"  {'layout':<30} {'within groups':>14} {'across groups':>14}",
+    ]
     for name, sent in plan.traffic.items():
-        lines.append(f"  {rows[name]:<30} {_gib(sent['intra']):>10} GiB "
-                     f"{_gib(sent['cross']):>10} GiB")  # fmt: skip
+        lines.append(
+            f"  {rows[name]:<30} {_gib(sent['intra']):>10} GiB {_gib(sent['cross']):>10} GiB"
+        )
     if "hybrid" not in plan.traffic:
-        lines.append("  (full sharding: every collective spans all GPUs; "
-                     "--shard-group-size N compares hybrid sharding)")  # fmt: skip
+        lines.append(
+            "  (full sharding: every collective spans all GPUs; "
+            "--shard-group-size N compares hybrid sharding)"
+        )
     return lines
 
 
@@ -109,8 +116,10 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         acts = "activations (all freed by then)"
     else:
         acts = f"activations ({n - k} full + {k} checkpointed)"
-    lines = [head, f"per-GPU memory, first {k} of {n} layers checkpointed (peak at: "
-             f"{plan.peak_moment})"]  # fmt: skip
+    lines = [
+        head,
+        f"per-GPU memory, first {k} of {n} layers checkpointed (peak at: {plan.peak_moment})",
+    ]
     for key, value in plan.breakdown.items():
         label = acts if key == "activations" else LABELS.get(key, key)
         lines.append(f"  {label:<44} {_gib(value):>8} GiB")

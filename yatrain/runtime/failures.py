@@ -19,9 +19,16 @@ import torch.distributed as dist
 from yatrain.errors import TrainingError
 
 _PEER_SIGNS = (
-    "connection reset by peer", "connection closed by peer", "broken pipe", "connection refused",
-    "timed out", "timeout", "socket closed", "gloo", "nccl",
-)  # fmt: skip
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "timed out",
+    "timeout",
+    "socket closed",
+    "gloo",
+    "nccl",
+)
 _MEMORY_SIGNS = ("can't allocate memory", "out of memory", "not enough memory")
 _SOURCE = re.compile(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ")  # gloo's "[.../pair.cc:537] " prefix
 

@@ -125,7 +125,10 @@ def _elastic_store(world_size: int, timeout: timedelta) -> dist.Store | None:
     if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     agent = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=False, timeout=timeout,
-    )  # fmt: skip
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timeout,
+    )
     return dist.PrefixStore(f"yatrain/attempt_{attempt}", agent)

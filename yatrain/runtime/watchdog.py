@@ -42,8 +42,9 @@ class Watchdog:
         self._standing_down = False
         self.stopping = threading.Event()  # set once this thread ends the process
         if active:
-            self._thread = threading.Thread(target=self._watch, name="yatrain-watchdog",
-                                            daemon=True)  # fmt: skip
+            self._thread = threading.Thread(
+                target=self._watch, name="yatrain-watchdog", daemon=True
+            )
             self._thread.start()
 
     @property

@@ -59,17 +59,26 @@ def run_sweep(
     out_dir = output or sweep_dir_name(recipe, time.strftime("%Y%m%d-%H%M%S"))
     recipe_path = recipe.resolve()
     configs = expand_configs(
-        recipe_path, overrides, list(seq_lens), settings, steps, nproc_per_node,
+        recipe_path,
+        overrides,
+        list(seq_lens),
+        settings,
+        steps,
+        nproc_per_node,
         keep_batch_sequences,
-    )  # fmt: skip
+    )
     echo(f"sweep {out_dir}: {len(configs)} configurations x {steps} steps")
     rows = run_configs(
         recipe_path, configs, out_dir, nproc=nproc_per_node, warmup=warmup, echo=echo
     )
     meta = {
-        "recipe": str(recipe), "overrides": overrides, "steps": steps, "warmup": warmup,
-        "nproc_per_node": nproc_per_node, "keep_batch_sequences": keep_batch_sequences,
-    }  # fmt: skip
+        "recipe": str(recipe),
+        "overrides": overrides,
+        "steps": steps,
+        "warmup": warmup,
+        "nproc_per_node": nproc_per_node,
+        "keep_batch_sequences": keep_batch_sequences,
+    }
     tables = write_tables(rows, out_dir, meta)
     plots = draw_plots(rows, out_dir, recipe.stem, memory_note(nproc_per_node))
     mode = log_to_wandb(base.logging.wandb, out_dir, rows, plots, meta, say=echo)

@@ -70,9 +70,14 @@ def _check_setting(setting: str, n_layers: int) -> None:
 
 
 def expand_configs(
-    recipe_path: Path, overrides: list[str], seq_lens: list[int], checkpoints: list[str],
-    steps: int, world: int, keep_seqs: bool,
-) -> list[SweepConfig]:  # fmt: skip
+    recipe_path: Path,
+    overrides: list[str],
+    seq_lens: list[int],
+    checkpoints: list[str],
+    steps: int,
+    world: int,
+    keep_seqs: bool,
+) -> list[SweepConfig]:
     """Every (sequence length, checkpoint setting) pair, validated before anything runs."""
     base, max_seq_len = base_recipe(recipe_path, overrides)
     for setting in checkpoints:
@@ -81,17 +86,27 @@ def expand_configs(
     configs = []
     for seq in seq_lens:
         gbs, micro = _batch_for(
-            seq, base.data.seq_len, base.data.global_batch_size, base.data.micro_batch_size,
-            world, keep_seqs,
-        )  # fmt: skip
+            seq,
+            base.data.seq_len,
+            base.data.global_batch_size,
+            base.data.micro_batch_size,
+            world,
+            keep_seqs,
+        )
         for setting in checkpoints:
             sets = [
-                *overrides, f"data.seq_len={seq}", f"data.global_batch_size={gbs}",
+                *overrides,
+                f"data.seq_len={seq}",
+                f"data.global_batch_size={gbs}",
                 f"data.micro_batch_size={micro}",
-                f"sharding.activation_checkpoint_layers={setting}", f"train.steps={steps}",
-                "train.log_every=1", "checkpoint.dir=checkpoints",
-                "checkpoint.enabled=false", "eval.every=0", "eval.at_end=false",
-            ]  # fmt: skip
+                f"sharding.activation_checkpoint_layers={setting}",
+                f"train.steps={steps}",
+                "train.log_every=1",
+                "checkpoint.dir=checkpoints",
+                "checkpoint.enabled=false",
+                "eval.every=0",
+                "eval.at_end=false",
+            ]
             if seq > max_seq_len:  # rotary positions: no learned table to outgrow
                 sets.append(f"model.max_seq_len={seq}")
             recipe = load_recipe(recipe_path, sets)

@@ -21,12 +21,22 @@ def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
         ok = [r for r in mine if r["status"] == "ok"]
         oom = [r for r in mine if r["status"] == "oom"]
         if kind == "throughput":
-            ax.plot([r["seq_len"] for r in ok], [r["tokens_per_s_per_device"] for r in ok],
-                    "o-", color=color, label=label)  # fmt: skip
+            ax.plot(
+                [r["seq_len"] for r in ok],
+                [r["tokens_per_s_per_device"] for r in ok],
+                "o-",
+                color=color,
+                label=label,
+            )
             continue
         seen = [r for r in ok if r.get("peak_tensor_bytes") is not None]  # like with like
-        ax.plot([r["seq_len"] for r in seen], [r["peak_tensor_bytes"] / scale for r in seen],
-                "o-", color=color, label=f"{label}: measured")  # fmt: skip
+        ax.plot(
+            [r["seq_len"] for r in seen],
+            [r["peak_tensor_bytes"] / scale for r in seen],
+            "o-",
+            color=color,
+            label=f"{label}: measured",
+        )
         ax.plot(
             [r["seq_len"] for r in mine],
             [r["predicted_peak_bytes"] / scale for r in mine],
@@ -36,10 +46,16 @@ def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
             markersize=10,
             markerfacecolor="none",
             label=f"{label}: planner",
-        )  # fmt: skip (hollow: visible on a measured point)
+        )  # hollow: visible on a measured point
         if oom:
-            ax.plot([r["seq_len"] for r in oom], [r["predicted_peak_bytes"] / scale for r in oom],
-                    "x", color="red", markersize=10, label=f"{label}: OOM")  # fmt: skip
+            ax.plot(
+                [r["seq_len"] for r in oom],
+                [r["predicted_peak_bytes"] / scale for r in oom],
+                "x",
+                color="red",
+                markersize=10,
+                label=f"{label}: OOM",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["seq_len"] for r in rows}))
     ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -60,8 +76,11 @@ def draw_plots(rows: list[dict], out_dir: Path, title: str, note: str = "") -> l
 
     unit = size_unit(rows)
     paths = []
-    for name, kinds in (("throughput", ["throughput"]), ("memory", ["memory"]),
-                        ("sweep", ["throughput", "memory"])):  # fmt: skip
+    for name, kinds in (
+        ("throughput", ["throughput"]),
+        ("memory", ["memory"]),
+        ("sweep", ["throughput", "memory"]),
+    ):
         fig, axes = plt.subplots(1, len(kinds), figsize=(6.4 * len(kinds), 4.4), dpi=100)
         for ax, kind in zip(list(getattr(axes, "flat", [axes])), kinds, strict=True):
             _panel(ax, kind, rows, unit)

@@ -13,11 +13,23 @@ from yatrain.config import WandbConfig
 from yatrain.output.wandb_logger import WandbLogger
 
 COLUMNS = [
-    "name", "seq_len", "checkpoint", "activation_checkpoint_layers", "global_batch_size",
-    "micro_batch_size", "status", "tokens_per_s_per_device", "tflops_per_device", "mfu",
-    "step_time_s", "peak_tensor_bytes", "predicted_peak_bytes", "peak_memory_bytes",
-    "measured_steps", "error",
-]  # fmt: skip
+    "name",
+    "seq_len",
+    "checkpoint",
+    "activation_checkpoint_layers",
+    "global_batch_size",
+    "micro_batch_size",
+    "status",
+    "tokens_per_s_per_device",
+    "tflops_per_device",
+    "mfu",
+    "step_time_s",
+    "peak_tensor_bytes",
+    "predicted_peak_bytes",
+    "peak_memory_bytes",
+    "measured_steps",
+    "error",
+]
 
 
 def describe(row: dict) -> str:
@@ -42,23 +54,37 @@ def size_unit(rows: list[dict]) -> str:
 def format_table(rows: list[dict]) -> str:
     """A plain-text table, one row per configuration."""
     unit = size_unit(rows)
-    head = ["config", "seq", "ckpt", "tok/s/dev", "TFLOP/s", "MFU", "step s",
-            f"tensors {unit}", f"plan {unit}", f"process {unit}", "status"]  # fmt: skip
+    head = [
+        "config",
+        "seq",
+        "ckpt",
+        "tok/s/dev",
+        "TFLOP/s",
+        "MFU",
+        "step s",
+        f"tensors {unit}",
+        f"plan {unit}",
+        f"process {unit}",
+        "status",
+    ]
     body = []
     for r in rows:
         ok = r["status"] == "ok"
-        body.append([
-            r["name"], str(r["seq_len"]),
-            f"{r['activation_checkpoint_layers']} ({r['checkpoint']})",
-            f"{r['tokens_per_s_per_device']:,.0f}" if ok else "-",
-            f"{r['tflops_per_device']:.3g}" if ok else "-",
-            f"{r['mfu']:.1%}" if ok else "-",
-            f"{r['step_time_s']:.3f}" if ok else "-",
-            format_bytes(r.get("peak_tensor_bytes"), unit, suffix=False) if ok else "-",
-            format_bytes(r["predicted_peak_bytes"], unit, suffix=False),
-            format_bytes(r.get("peak_memory_bytes"), unit, suffix=False) if ok else "-",
-            r["status"] if ok else r["status"].upper(),
-        ])  # fmt: skip
+        body.append(
+            [
+                r["name"],
+                str(r["seq_len"]),
+                f"{r['activation_checkpoint_layers']} ({r['checkpoint']})",
+                f"{r['tokens_per_s_per_device']:,.0f}" if ok else "-",
+                f"{r['tflops_per_device']:.3g}" if ok else "-",
+                f"{r['mfu']:.1%}" if ok else "-",
+                f"{r['step_time_s']:.3f}" if ok else "-",
+                format_bytes(r.get("peak_tensor_bytes"), unit, suffix=False) if ok else "-",
+                format_bytes(r["predicted_peak_bytes"], unit, suffix=False),
+                format_bytes(r.get("peak_memory_bytes"), unit, suffix=False) if ok else "-",
+                r["status"] if ok else r["status"].upper(),
+            ]
+        )
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     lines = [
         " | ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)) for line in [head, *body]
@@ -90,9 +116,13 @@ def memory_note(nproc: int) -> str:
 
 
 def log_to_wandb(
-    wandb_cfg: WandbConfig, out_dir: Path, rows: list[dict], plots: list[Path], meta: dict,
+    wandb_cfg: WandbConfig,
+    out_dir: Path,
+    rows: list[dict],
+    plots: list[Path],
+    meta: dict,
     say: Callable[[str], None] = print,
-) -> str:  # fmt: skip
+) -> str:
     """The table and plots as one W&B run; returns the mode it ran in."""
     logger = WandbLogger(wandb_cfg, out_dir, meta, out_dir.name, say=say)
     if logger.run is None:

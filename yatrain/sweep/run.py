@@ -44,8 +44,16 @@ def config_command(
         launcher = [sys.executable, "-m", "yatrain"]
     sets = [f"--set={s}" for s in config.overrides]
     watched = max(2, warmup)
-    return [*launcher, "pretrain", str(recipe_path), *sets, "--run-dir", str(run_dir),
-            f"--tensor-peak-step={watched}", "--no-progress"]  # fmt: skip
+    return [
+        *launcher,
+        "pretrain",
+        str(recipe_path),
+        *sets,
+        "--run-dir",
+        str(run_dir),
+        f"--tensor-peak-step={watched}",
+        "--no-progress",
+    ]
 
 
 def launch(command: list[str], log_path: Path) -> tuple[int, str]:
@@ -94,11 +102,15 @@ def run_config(
         config_command(recipe_path, config, run_dir, nproc, warmup), run_dir / "output.log"
     )
     row = {
-        "name": config.name, "seq_len": config.seq_len, "checkpoint": config.checkpoint,
+        "name": config.name,
+        "seq_len": config.seq_len,
+        "checkpoint": config.checkpoint,
         "activation_checkpoint_layers": config.layers,
-        "global_batch_size": config.global_batch_size, "micro_batch_size": config.micro_batch_size,
-        "predicted_peak_bytes": config.predicted_peak_bytes, "run_dir": str(run_dir),
-    }  # fmt: skip
+        "global_batch_size": config.global_batch_size,
+        "micro_batch_size": config.micro_batch_size,
+        "predicted_peak_bytes": config.predicted_peak_bytes,
+        "run_dir": str(run_dir),
+    }
     if code != 0:
         status, error = classify_failure(code, output)
         return {**row, "status": status, "error": error}
@@ -129,9 +141,14 @@ def _measured(overrides: list[str]) -> list[str]:
 
 
 def run_configs(
-    recipe_path: Path, configs: list[SweepConfig], out_dir: Path, *, nproc: int, warmup: int,
+    recipe_path: Path,
+    configs: list[SweepConfig],
+    out_dir: Path,
+    *,
+    nproc: int,
+    warmup: int,
     echo: Callable[[str], None] = print,
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """Run every configuration not finished before; returns the rows in sweep order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done = load_done(out_dir)
