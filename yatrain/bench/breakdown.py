@@ -1,6 +1,6 @@
 """Where the step time goes at world size 2, and what measuring it costs.
 
-Runs ``yatrain.train.loop.pretrain`` on fork-started gloo ranks (``bench.ranks``) for two
+Runs ``yatrain.train.loop.pretrain`` on fork-started gloo ranks (``harness.ranks``) for two
 shapes: the tiny recipe as shipped, and the engine benchmark's shape (``bench_engine.py``:
 dim 512, 6 layers, 8 heads, 4 kv heads, ffn 1536, vocab 8192, seq 256, one sequence per
 rank, bf16 weights, fp32 reduction, no activation checkpointing). Every step is logged
@@ -146,6 +146,7 @@ def _rank(rank: int, world: int, overrides: list[str], run_dir: Path) -> dict:
 def measure(name: str, overrides: list[str], args, work: Path) -> dict:
     run_dir = work / name.replace(" ", "-")
     extra = [*overrides, *QUIET, f"data.path={args.data}", f"train.steps={args.steps}"]
+    extra += args.overrides
     per_rank = run_ranks(2, _rank, extra, run_dir, threads=1)
     records = read_metrics(run_dir / "metrics.jsonl")
     steady = [r for r in records if r.step > 1]
@@ -168,6 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="prepared data dir (default: a temp dir)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recipe override for every shape, after its own (repeatable)",
+    )
     args = p.parse_args(argv)
     shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
     print(f"# load average {load_average()} at the start", file=sys.stderr)
@@ -182,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                 progress=False,
             )
         rows = [measure(name, overrides, args, work) for name, overrides in shapes.items()]
+    print_results(rows)
+    print(f"# load average {load_average()} at the end", file=sys.stderr)
+    return 0
+
+
+def print_results(rows: list[dict]) -> None:
+    """The breakdown per shape, then the targets."""
     counter = types.SimpleNamespace(x=0)
     one_update = min(timeit.repeat("c.x += 1", globals={"c": counter}, number=100_000)) / 1e5
     names = list(report.BREAKDOWN.values())
@@ -218,8 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print()
     print(table(["target", "measured", "result"], targets))
-    print(f"# load average {load_average()} at the end", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

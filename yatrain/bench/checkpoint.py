@@ -39,8 +39,9 @@ from yatrain.checkpoint.manifest import open_checkpoint
 from yatrain.checkpoint.optimizer_state import ensure_state
 from yatrain.common import format_bytes
 from yatrain.config import load_recipe
-from yatrain.models.llama import build_model, count_parameters
-from yatrain.sharding import ShardedEngine
+from yatrain.models.llama import count_parameters
+from yatrain.runtime.process import Runtime
+from yatrain.train.build import build_model_and_engine
 from yatrain.train.optim import build_optimizer
 
 
@@ -56,17 +57,17 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     cfg = load_recipe(args.recipe, args.overrides)
-    engine = ShardedEngine.from_model(build_model(cfg.model), device="cpu")
+    _, engine = build_model_and_engine(cfg, Runtime(0, 1, 0, torch.device("cpu")))
     optimizer = build_optimizer(engine.param_groups(0.1), cfg.optim)
     ensure_state(optimizer)
     saves, hashed, plain, verifies, loads = [], [], [], [], []
     with tempfile.TemporaryDirectory() as root:
         for repeat in range(args.repeats):
             start = time.perf_counter()
+            meta = {"model": dataclasses.asdict(cfg.model)}
             path = ckpt.save_checkpoint(
-                Path(root), repeat + 1, engine, optimizer, None,
-                {"model": dataclasses.asdict(cfg.model)}, is_main=True, keep=1,
-            )  # fmt: skip
+                Path(root), repeat + 1, engine, optimizer, None, meta, is_main=True, keep=1
+            )
             saves.append(time.perf_counter() - start)
             # Alternate which goes first: the first write after a save is slower either way.
             for hashing in (True, False) if repeat % 2 else (False, True):
@@ -85,8 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.stall_repeats:
         del engine, optimizer
         with tempfile.TemporaryDirectory() as root:
-            trial = measure(cfg, Path(root), repeats=args.stall_repeats, after=args.after,
-                            sequences=args.step_sequences)  # fmt: skip
+            trial = measure(
+                cfg,
+                Path(root),
+                repeats=args.stall_repeats,
+                after=args.after,
+                sequences=args.step_sequences,
+            )
         stall_report(trial, args.after)
 
 
@@ -109,8 +115,8 @@ def hash_cost(size: int = 256 * 2**20, trials: int = 5) -> dict[str, float]:
     """Seconds per GiB of XXH3-64 (what checkpoints use) and zlib's CRC32, best of trials."""
     data = memoryview(os.urandom(size))
     costs = {}
-    for name, fn in (("XXH3-64", lambda: xxhash.xxh3_64(data).digest()),
-                     ("CRC32", lambda: zlib.crc32(data))):  # fmt: skip
+    hashes = {"XXH3-64": lambda: xxhash.xxh3_64(data).digest(), "CRC32": lambda: zlib.crc32(data)}
+    for name, fn in hashes.items():
         best = float("inf")
         for _ in range(trials):
             start = time.perf_counter()
@@ -136,9 +142,8 @@ def report(args, cfg, size, saves, hashed, plain, verifies, loads) -> None:
             f"{pick(plain):.2f} s plain ({pick(hashed) / pick(plain):.2f}x)"
         )
     print(f"verify: {median(verifies):.2f} s ({median(verifies) / gib:.3f} s/GiB, warm cache)")
-    print("hash alone, one core, in memory: " + ", ".join(
-        f"{name} {seconds:.3f} s/GiB" for name, seconds in hash_cost().items()
-    ))  # fmt: skip
+    costs = ", ".join(f"{name} {seconds:.3f} s/GiB" for name, seconds in hash_cost().items())
+    print(f"hash alone, one core, in memory: {costs}")
     print(f"load: {median(loads):.2f} s median of {args.repeats} (checksums not included)")
 
 

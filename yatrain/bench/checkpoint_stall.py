@@ -32,11 +32,9 @@ from yatrain.bench.measure import load_average, median, spread, table
 from yatrain.checkpoint.background_save import AsyncSaver
 from yatrain.checkpoint.optimizer_state import ensure_state
 from yatrain.checkpoint.store import dcp_mesh, save_checkpoint
-from yatrain.common import DTYPES
 from yatrain.config import Recipe
-from yatrain.models.llama import build_model
 from yatrain.runtime.process import init_runtime
-from yatrain.sharding import ShardedEngine
+from yatrain.train.build import build_model_and_engine
 from yatrain.train.metrics import synchronize
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
@@ -66,10 +64,7 @@ class Trial:
         cfg = self.cfg
         self.runtime = init_runtime(single_rank_group=True)
         self.device = self.runtime.device
-        self.model = build_model(cfg.model, int(cfg.sharding.activation_checkpoint_layers or 0))
-        self.engine = ShardedEngine.from_model(
-            self.model, device=self.device, param_dtype=DTYPES[cfg.train.dtype]
-        )
+        self.model, self.engine = build_model_and_engine(cfg, self.runtime, say=print)
         self.optimizer = build_optimizer(self.engine.param_groups(0.1), cfg.optim)
         ensure_state(self.optimizer)
         self.mesh = dcp_mesh(self.runtime)
@@ -99,11 +94,20 @@ class Trial:
         synchronize(self.device)
         start = time.perf_counter()
         if kind == "sync":
-            save_checkpoint(self.root, self.step, self.engine, self.optimizer, self.mesh,
-                            self.meta, is_main=True, keep=1)  # fmt: skip
+            save_checkpoint(
+                self.root,
+                self.step,
+                self.engine,
+                self.optimizer,
+                self.mesh,
+                self.meta,
+                is_main=True,
+                keep=1,
+            )
         elif kind == "async":
-            self.saver.save(self.root, self.step, self.engine, self.optimizer, self.meta,
-                            is_main=True, keep=1)  # fmt: skip
+            self.saver.save(
+                self.root, self.step, self.engine, self.optimizer, self.meta, is_main=True, keep=1
+            )
         return time.perf_counter() - start
 
     def block(self, kind: str, after: int) -> None:
@@ -144,10 +148,14 @@ def report(trial: Trial, after: int) -> None:
     }
     tokens = after * trial.sequences * trial.cfg.data.seq_len
     lost = {  # blocked, plus how much longer the steps after the save took than those before
-        kind: [s + tokens / a - tokens / b for s, a, b in
-               zip(trial.blocked[kind], trial.after[kind], trial.before[kind], strict=True)]
+        kind: [
+            s + tokens / a - tokens / b
+            for s, a, b in zip(
+                trial.blocked[kind], trial.after[kind], trial.before[kind], strict=True
+            )
+        ]
         for kind in KINDS
-    }  # fmt: skip
+    }
     rows = [
         [
             kind,
@@ -160,12 +168,20 @@ def report(trial: Trial, after: int) -> None:
         for kind in KINDS
     ]
     sync, background = median(trial.blocked["sync"]), median(trial.blocked["async"])
-    print(f"\nsave stall: {trial.sequences} x {trial.cfg.data.seq_len} tokens per step, "
-          f"{after} steps before and after each save, medians of "
-          f"{len(trial.blocked['sync'])} repeats, load {load_average()}")  # fmt: skip
-    print(table(["save", "step blocked, s (range)", f"tokens/s, {after} steps before",
-                 f"tokens/s, {after} steps after", "after / before (range)",
-                 "time lost, s (range)"], rows))  # fmt: skip
+    print(
+        f"\nsave stall: {trial.sequences} x {trial.cfg.data.seq_len} tokens per step, "
+        f"{after} steps before and after each save, medians of "
+        f"{len(trial.blocked['sync'])} repeats, load {load_average()}"
+    )
+    headers = [
+        "save",
+        "step blocked, s (range)",
+        f"tokens/s, {after} steps before",
+        f"tokens/s, {after} steps after",
+        "after / before (range)",
+        "time lost, s (range)",
+    ]
+    print(table(headers, rows))
     print(
         f"async blocks {background / sync:.3f}x as long as sync; the first async save "
         f"(allocating the host buffers) blocked {trial.first_async:.3f} s; the background "

@@ -30,11 +30,30 @@ COMPILED_LINE = re.compile(r"compiled (\d+) graphs? in ([0-9.]+)s")
 
 def pretrain(args, run_dir: Path, compiled: bool, steps: int) -> tuple[float, float | None]:
     """One CLI run: (median steady-state step time, compile seconds or None)."""
-    sets = [*args.set, f"data.path={args.data}", f"train.compile={str(compiled).lower()}",
-            f"train.dtype={args.dtype}", f"train.log_every={args.log_every}", "eval.every=0",
-            "eval.at_end=false", "checkpoint.every=0", "logging.wandb.mode=disabled"]  # fmt: skip
-    command = [sys.executable, "-m", "yatrain", "pretrain", args.recipe, "--run-dir", str(run_dir),
-               "--steps", str(steps), "--no-progress", *[f"--set={s}" for s in sets]]  # fmt: skip
+    sets = [
+        *args.set,
+        f"data.path={args.data}",
+        f"train.compile={str(compiled).lower()}",
+        f"train.dtype={args.dtype}",
+        f"train.log_every={args.log_every}",
+        "eval.every=0",
+        "eval.at_end=false",
+        "checkpoint.every=0",
+        "logging.wandb.mode=disabled",
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "yatrain",
+        "pretrain",
+        args.recipe,
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--no-progress",
+        *[f"--set={s}" for s in sets],
+    ]
     env = os.environ | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -69,16 +88,32 @@ def main(argv: list[str] | None = None) -> int:
                 step, seconds = pretrain(args, run_dir, compiled, args.steps)
                 times[compiled].append(step)
                 cold += [seconds] if seconds is not None else []
-                print(f"  repeat {repeat + 1}: {'compiled' if compiled else 'eager   '} "
-                      f"{step:.3f}s/step" + (f", compile {seconds:.1f}s" if compiled else ""),
-                      flush=True)  # fmt: skip
+                print(
+                    f"  repeat {repeat + 1}: {'compiled' if compiled else 'eager   '} "
+                    f"{step:.3f}s/step" + (f", compile {seconds:.1f}s" if compiled else ""),
+                    flush=True,
+                )
         last = Path(tmp) / f"r{args.repeats - 1}-compiled"
         _, warm = pretrain(args, last, True, args.steps + args.log_every)  # restart: warm cache
     eager, compiled = median(times[False]), median(times[True])
-    rows = [[args.dtype, f"{eager:.3f}", f"{compiled:.3f}", f"{compiled / eager:.3f}x",
-             f"{median(cold):.1f}", f"{warm:.1f}" if warm is not None else "-"]]  # fmt: skip
-    headers = ["dtype", "eager s/step", "compiled s/step", "compiled/eager", "compile s (cold)",
-               "compile s (warm restart)"]  # fmt: skip
+    rows = [
+        [
+            args.dtype,
+            f"{eager:.3f}",
+            f"{compiled:.3f}",
+            f"{compiled / eager:.3f}x",
+            f"{median(cold):.1f}",
+            f"{warm:.1f}" if warm is not None else "-",
+        ]
+    ]
+    headers = [
+        "dtype",
+        "eager s/step",
+        "compiled s/step",
+        "compiled/eager",
+        "compile s (cold)",
+        "compile s (warm restart)",
+    ]
     print(table(headers, rows))
     print(f"load average at the end: {load_average()}")
     return 0

@@ -56,6 +56,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recipe override for every contender (repeatable)",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-mask-") as tmp:
         tmp = Path(tmp)
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                 prepare_data(data, None, vocab_size=4096, progress=False)
         base = [f"data.path={data}", "logging.wandb.mode=disabled", "train.log_every=1"]
         base += ["checkpoint.enabled=false", "eval.every=0", "eval.at_end=false"]
-        base += [f"train.steps={args.steps}"]
+        base += [f"train.steps={args.steps}", *args.overrides]
         recipe = load_recipe(args.recipe, base)
         d = recipe.data
         print(

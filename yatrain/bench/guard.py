@@ -18,10 +18,9 @@ import time
 import torch
 
 from yatrain.bench.measure import load_average, median
-from yatrain.common import DTYPES
 from yatrain.config import load_recipe
-from yatrain.models.llama import build_model
-from yatrain.sharding import ShardedEngine
+from yatrain.runtime.process import init_runtime
+from yatrain.train.build import build_model_and_engine
 from yatrain.train.guard import StepGuard
 from yatrain.train.metrics import synchronize
 from yatrain.train.optim import build_optimizer
@@ -35,9 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
     cfg = load_recipe(args.recipe, args.overrides)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(cfg.model, int(cfg.sharding.activation_checkpoint_layers or 0))
-    engine = ShardedEngine.from_model(model, device=device, param_dtype=DTYPES[cfg.train.dtype])
+    runtime = init_runtime()
+    device = runtime.device
+    model, engine = build_model_and_engine(cfg, runtime, say=print)
     optimizer = build_optimizer(engine.param_groups(0.1), cfg.optim)
     guard = StepGuard(device)
     shards = [p for group in optimizer.param_groups for p in group["params"]]
@@ -47,9 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(args.steps):
         tokens = torch.randint(0, cfg.model.vocab_size, (accum, micro, seq + 1))
         batches = [(t[:, :-1], t[:, 1:]) for t in tokens]
-        steps.append(_timed(device, functools.partial(
+        run_step = functools.partial(
             train_step, model, engine, optimizer, batches, grad_clip=1.0, guard=guard
-        )))  # fmt: skip
+        )
+        steps.append(_timed(device, run_step))
         checks.append(_timed(device, lambda: guard.weights_finite(shards)))
         elementwise.append(
             _timed(device, lambda: all(bool(torch.isfinite(p).all()) for p in shards))
@@ -57,9 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     guard.restore()
     step, check, full = median(steps[2:]), median(checks[2:]), median(elementwise[2:])
     print(f"{args.recipe} {' '.join(args.overrides)} on {device}, load {load_average()}")
-    print(f"step (with the check): {step * 1e3:.1f} ms; weight check {check * 1e3:.3f} ms = "
-          f"{check / step:.3%} of a step; isfinite().all() {full * 1e3:.3f} ms = "
-          f"{full / step:.2%}")  # fmt: skip
+    print(
+        f"step (with the check): {step * 1e3:.1f} ms; weight check {check * 1e3:.3f} ms = "
+        f"{check / step:.3%} of a step; isfinite().all() {full * 1e3:.3f} ms = "
+        f"{full / step:.2%}"
+    )
 
 
 def _timed(device: torch.device, fn) -> float:

@@ -25,20 +25,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from yatrain.checkpoint.init_from import init_from_source
-from yatrain.config import ModelConfig
+from yatrain.config import DataConfig, ModelConfig, OptimConfig, Recipe, TrainConfig
+from yatrain.harness.ranks import run_ranks
 from yatrain.models import hf
-from yatrain.models.llama import build_model, materialize
-from yatrain.sharding import ShardedEngine
-
-from .ranks import run_ranks
+from yatrain.models.llama import materialize
+from yatrain.runtime.process import Runtime
+from yatrain.train.build import meta_model, recipe_init, shard_model
 
 MIB = 2**20
 
 
 def write_hf_dir(cfg: ModelConfig, folder: Path, shard_bytes: int) -> int:
     """A random model as a Hugging Face directory of bf16 safetensors; its tensor bytes."""
-    model = materialize(build_model(cfg), "cpu", seed=0)
+    model = materialize(meta_model(cfg), "cpu", seed=0)
     files: list[dict[str, torch.Tensor]] = [{}]
     size = total = 0
     for name, tensor in model.state_dict().items():
@@ -69,13 +68,24 @@ def _status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def init_recipe(cfg: ModelConfig, folder: Path, world: int) -> Recipe:
+    """A run that starts from ``folder``: fp32 weights, one sequence per rank."""
+    return Recipe(
+        model=cfg,
+        data=DataConfig(seq_len=cfg.max_seq_len, micro_batch_size=1, global_batch_size=world),
+        train=TrainConfig(steps=1, dtype="fp32", init_from=str(folder)),
+        optim=OptimConfig(lr=1e-4),
+    )
+
+
 def _measure(rank: int, world: int, cfg: ModelConfig, folder: Path) -> dict:
-    model = build_model(cfg)
-    init = init_from_source(folder, cfg, model)
-    group = torch.distributed.group.WORLD if world > 1 else None
+    recipe = init_recipe(cfg, folder, world)
+    runtime = Runtime(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"))
+    model = meta_model(recipe, world)
+    init = recipe_init(model, recipe, runtime)
     Path("/proc/self/clear_refs").write_text("5")  # the peak RSS starts again from here
     before = _status("VmRSS")
-    engine = ShardedEngine.from_model(model, device="cpu", init=init, group=group)
+    engine = shard_model(model, recipe, runtime, init=init)
     peak = _status("VmHWM")
     master = 4 * (engine.master.numel() + engine.small_master.numel())
     largest = max(4 * layout.numel for layout in engine.layouts)

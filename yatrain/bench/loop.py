@@ -43,8 +43,9 @@ from yatrain.bench.measure import load_average, median, spread, table, verdict
 from yatrain.common import DTYPES
 from yatrain.config import Recipe, load_recipe
 from yatrain.data import build_loader, prepare_data
-from yatrain.models.llama import build_model, count_parameters, materialize
+from yatrain.models.llama import count_parameters, materialize
 from yatrain.output.record import read_metrics
+from yatrain.train.build import meta_model
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import set_lr
 from yatrain.train.schedule import lr_at
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype", choices=tuple(DTYPES), default=None, help="override train.dtype of the recipe"
     )
     p.add_argument("--verbose", action="store_true", help="show pretrain's own log lines")
-    args = p.parse_args(argv)  # fmt: skip
+    args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be at least 2 (step 1 is excluded from the timing)")
     return args
@@ -118,13 +119,10 @@ def run_yatrain(recipe: Recipe, run_dir: Path, verbose: bool) -> dict:
 def run_bare(recipe: Recipe) -> dict:
     device = torch.device("cpu")
     loader = build_loader(recipe.data, seed=recipe.train.seed)
-    model = materialize(
-        build_model(recipe.model, recipe.sharding.activation_checkpoint_layers), device,
-        recipe.train.seed,
-    )  # fmt: skip
+    model = materialize(meta_model(recipe, 1, device), device, recipe.train.seed)
     o, total = recipe.optim, recipe.train.steps
     opt = bare_adamw(decay_groups(model, o.weight_decay), o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
-    params = list(model.parameters())
+    params, dtype = list(model.parameters()), DTYPES[recipe.train.dtype]
 
     def run(inputs):  # the loader's document ids and positions, when the recipe masks
         return model(inputs, **loader.attention_inputs(inputs))
@@ -136,8 +134,9 @@ def run_bare(recipe: Recipe) -> dict:
         set_lr(opt, lr)
         micro_batches = loader.next_batch()
         data_wait = time.perf_counter() - start
-        loss, grad_norm = bare_step(run, params, opt, micro_batches, device=device,
-                                    dtype=DTYPES[recipe.train.dtype], clip=o.grad_clip)  # fmt: skip
+        loss, grad_norm = bare_step(
+            run, params, opt, micro_batches, device=device, dtype=dtype, clip=o.grad_clip
+        )
         elapsed = time.perf_counter() - start  # where the loop reads its clock at a log
         loss_value, _ = loss.item(), grad_norm.item()
         if step > 1:
@@ -188,21 +187,38 @@ def print_results(results: dict[str, list[dict]], tokens: int) -> None:
     step = {k: median(t) for k, t in times.items()}
     wait = {k: sum(w for x in v for w in x["waits"]) / sum(times[k]) for k, v in results.items()}
     rows = [
-        [name, f"{step[name]:.4f}", spread(times[name]), f"{tokens / step[name]:,.0f}",
-         f"{step[name] / step[BARE]:.3f}x", f"{wait[name]:.2%}", f"{v[-1]['loss']:.4f}"]
+        [
+            name,
+            f"{step[name]:.4f}",
+            spread(times[name]),
+            f"{tokens / step[name]:,.0f}",
+            f"{step[name] / step[BARE]:.3f}x",
+            f"{wait[name]:.2%}",
+            f"{v[-1]['loss']:.4f}",
+        ]
         for name, v in results.items()
-    ]  # fmt: skip
-    headers = ["contender", "median step s", "step range s", "tokens/s", "ratio vs bare",
-               "data wait", "loss at last step"]  # fmt: skip
+    ]
+    headers = [
+        "contender",
+        "median step s",
+        "step range s",
+        "tokens/s",
+        "ratio vs bare",
+        "data wait",
+        "loss at last step",
+    ]
     print()
     print(table(headers, rows))
     print(f"load average at the end: {load_average()} on {os.cpu_count()} CPUs")
     ratio, frac = step[YATRAIN] / step[BARE], wait[YATRAIN]
     targets = [
-        ["yatrain loop step time within 5% of bare (<= 1.05x)", f"{ratio:.3f}x",
-         verdict(ratio, 1.05)],
+        [
+            "yatrain loop step time within 5% of bare (<= 1.05x)",
+            f"{ratio:.3f}x",
+            verdict(ratio, 1.05),
+        ],
         ["yatrain data wait fraction < 2%", f"{frac:.2%}", verdict(frac, 0.02)],
-    ]  # fmt: skip
+    ]
     print()
     print(table(["target", "measured", "result"], targets))
 

@@ -53,10 +53,24 @@ def check(losses: dict[str, list[float]], tolerance: float) -> tuple[bool, str]:
         rel = abs(forced - bare) / abs(bare)
         same = forced == direct
         passed &= same and rel <= tolerance
-        rows.append([step, f"{bare:.6f}", f"{direct:.6f}", f"{forced:.6f}",
-                     "yes" if same else "NO", f"{rel:.2e}"])  # fmt: skip
-    headers = ["step", "bare", "yatrain (direct)", "yatrain-pg (buffered)",
-               "pg == direct", "|pg - bare| / bare"]  # fmt: skip
+        rows.append(
+            [
+                step,
+                f"{bare:.6f}",
+                f"{direct:.6f}",
+                f"{forced:.6f}",
+                "yes" if same else "NO",
+                f"{rel:.2e}",
+            ]
+        )
+    headers = [
+        "step",
+        "bare",
+        "yatrain (direct)",
+        "yatrain-pg (buffered)",
+        "pg == direct",
+        "|pg - bare| / bare",
+    ]
     return passed, table(headers, rows)
 
 
@@ -74,11 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     o = {k: v for k, v in vars(args).items() if k != "contenders"}
     o["steps"] = args.warmup + args.steps
     backend = "nccl" if args.device == "cuda" else "gloo"
-    losses = run_ranks(1, _losses, o, backend=backend, threads=args.threads,
-                       start_method=args.start_method)[0]  # fmt: skip
+    losses = run_ranks(
+        1, _losses, o, backend=backend, threads=args.threads, start_method=args.start_method
+    )[0]
     passed, text = check(losses, tolerance)
-    print(f"pathcheck: {args.device}, {args.dtype} weights, {args.reduce_dtype} reduce, "
-          f"one rank in a process group, {o['steps']} steps, tolerance {tolerance:g}")  # fmt: skip
+    print(
+        f"pathcheck: {args.device}, {args.dtype} weights, {args.reduce_dtype} reduce, "
+        f"one rank in a process group, {o['steps']} steps, tolerance {tolerance:g}"
+    )
     print(text)
     print("pathcheck: PASS" if passed else "pathcheck: FAIL (see the table)")
     return 0 if passed else 1

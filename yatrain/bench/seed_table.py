@@ -44,10 +44,15 @@ def row_recipe(recipe: str, gpus: int, seq: int):
     """The published setup on our recipe: micro-batch 1, bf16, fp32 reduce, 2 layer buffers.
     Llama 2 7B's 8192 rows run past its 4096 context (rotary positions allow it)."""
     overrides = [
-        f"data.seq_len={seq}", f"model.max_seq_len={seq}", "data.micro_batch_size=1",
-        f"data.global_batch_size={gpus}", "train.dtype=bf16", "sharding.reduce_dtype=fp32",
-        "sharding.prefetch_depth=1", "sharding.activation_checkpoint_layers=0",
-    ]  # fmt: skip
+        f"data.seq_len={seq}",
+        f"model.max_seq_len={seq}",
+        "data.micro_batch_size=1",
+        f"data.global_batch_size={gpus}",
+        "train.dtype=bf16",
+        "sharding.reduce_dtype=fp32",
+        "sharding.prefetch_depth=1",
+        "sharding.activation_checkpoint_layers=0",
+    ]
     return load_recipe(REPO / "recipes" / f"{recipe}.yaml", overrides)
 
 

@@ -17,21 +17,23 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
 from yatrain.checkpoint.store import checkpoint_tokenizer, dcp_mesh, load_weights
-from yatrain.common import DTYPES
 from yatrain.config import Recipe, load_recipe, recipe_from_dict
 from yatrain.errors import ConfigError, DataError
-from yatrain.models.llama import build_model
 from yatrain.runtime.process import Runtime, init_runtime
-from yatrain.sharding import InitHooks, ShardedEngine
+from yatrain.sharding import InitHooks
+from yatrain.train.build import build_model_and_engine
 from yatrain.train.evaluate import build_evaluator
 
 _NO_INIT = InitHooks(lambda index, kept: None, lambda: None)  # every weight is loaded afterwards
 
 
 def evaluate_checkpoint(
-    path: Path, *, data: Path | None = None, batches: int | None = None,
+    path: Path,
+    *,
+    data: Path | None = None,
+    batches: int | None = None,
     say: Callable[[str], None] = lambda line: None,
-) -> dict:  # fmt: skip
+) -> dict:
     """The held-out loss of the checkpoint at ``path`` on ``data`` (default: its recipe's
     held-out data) over ``batches`` global batches (default: its recipe's eval.batches);
     collective under torchrun, every rank returns the result. ``say`` gets progress lines
@@ -52,11 +54,9 @@ def evaluate_checkpoint(
         notes = [f"evaluating {saved.path} on {evaluator.describe()}", *evaluator.short_notices()]
         for line in notes if runtime.is_main else []:
             say(line)
-        model = build_model(saved.model)
-        engine = ShardedEngine.from_model(
-            model, device=runtime.device, init=_NO_INIT, param_dtype=DTYPES[recipe.train.dtype],
-            prefetch_depth=recipe.sharding.prefetch_depth,
-        )  # fmt: skip
+        model, engine = build_model_and_engine(
+            inference_recipe(recipe, saved), runtime, init=_NO_INIT
+        )
         load_weights(saved.path, engine, dcp_mesh(runtime))
         result = evaluator.evaluate(model)
         return {
@@ -73,6 +73,24 @@ def evaluate_checkpoint(
         }
     finally:
         runtime.shutdown()
+
+
+def inference_recipe(recipe: Recipe, saved: SavedCheckpoint) -> Recipe:
+    """The run's recipe as evaluation builds its model: the checkpoint's model, nothing
+    checkpointed and nothing compiled (no backward), plain weights (no float8), sharded
+    over this world however it is laid out, the run's weights loaded afterwards."""
+    return dataclasses.replace(
+        recipe,
+        model=saved.model,
+        train=dataclasses.replace(recipe.train, init_from=None, compile=False, float8=None),
+        sharding=dataclasses.replace(
+            recipe.sharding,
+            activation_checkpoint_layers=0,
+            reduce_dtype="fp32",
+            force_process_group=False,
+            shard_group_size=None,
+        ),
+    )
 
 
 def _open(path: Path, runtime: Runtime) -> SavedCheckpoint:

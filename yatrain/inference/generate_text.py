@@ -19,12 +19,13 @@ from yatrain.checkpoint.store import checkpoint_tokenizer, iter_full_weights
 from yatrain.common import DTYPES
 from yatrain.errors import ConfigError
 from yatrain.models.generate import Sampling, generate
-from yatrain.models.llama import Llama, build_model
+from yatrain.models.llama import Llama
+from yatrain.train.build import meta_model
 
 
 def load_plain_model(saved: SavedCheckpoint, device: torch.device, dtype: torch.dtype) -> Llama:
     """The checkpoint's model, whole, on ``device`` in ``dtype``, filled unit by unit."""
-    model = build_model(saved.model).to(dtype=dtype).to_empty(device=device)
+    model = meta_model(saved.model).to(dtype=dtype).to_empty(device=device)
     names = {name for name, _ in model.named_parameters()}
     with torch.no_grad():
         for name, tensor in iter_full_weights(saved):
@@ -51,9 +52,15 @@ def check_sampling(max_new_tokens: int, sampling: Sampling) -> None:
 
 
 def generate_text(
-    path: Path, prompt: str, *, max_new_tokens: int = 64, sampling: Sampling = Sampling(),
-    seed: int = 0, device: str | None = None, use_cache: bool = True,
-) -> dict:  # fmt: skip
+    path: Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    sampling: Sampling = Sampling(),
+    seed: int = 0,
+    device: str | None = None,
+    use_cache: bool = True,
+) -> dict:
     """Sample a continuation of ``prompt`` from the checkpoint at ``path``: the prompt's and
     the new token ids, the new text and why it stopped. CPU runs in fp32; a GPU in the
     run's training dtype."""
@@ -74,10 +81,15 @@ def generate_text(
     model = load_plain_model(saved, target, dtype)
     generator = torch.Generator(device=target).manual_seed(seed)
     new_ids, stop = generate(
-        model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-        eos_id=tokenizer.eos_id, generator=generator, vocab_limit=tokenizer.vocab_size,
+        model,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        eos_id=tokenizer.eos_id,
+        generator=generator,
+        vocab_limit=tokenizer.vocab_size,
         use_cache=use_cache,
-    )  # fmt: skip
+    )
     return {
         "checkpoint": str(saved.path),
         "step": saved.step,

@@ -49,9 +49,16 @@ class Checkpointer:
     themselves: every rank holds one and calls it at the same steps."""
 
     def __init__(
-        self, recipe: Recipe, root: Path, engine: ShardedEngine, optimizer: Optimizer,
-        loader: BatchLoader, runtime: Runtime, *, verify: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        recipe: Recipe,
+        root: Path,
+        engine: ShardedEngine,
+        optimizer: Optimizer,
+        loader: BatchLoader,
+        runtime: Runtime,
+        *,
+        verify: bool = True,
+    ) -> None:
         self.cfg, self.total_steps, self.model = recipe.checkpoint, recipe.train.steps, recipe.model
         self.root, self.engine, self.optimizer, self.loader = root, engine, optimizer, loader
         self.runtime, self.verify = runtime, verify
@@ -88,13 +95,28 @@ class Checkpointer:
         is_main, keep, tokenizer = self.runtime.is_main, self.cfg.keep, self.loader.tokenizer_files
         if self.saver is None:
             self.last = save_checkpoint(
-                self.root, step, self.engine, self.optimizer, self.mesh, meta,
-                is_main=is_main, keep=keep, tokenizer_files=tokenizer,
-            )  # fmt: skip
+                self.root,
+                step,
+                self.engine,
+                self.optimizer,
+                self.mesh,
+                meta,
+                is_main=is_main,
+                keep=keep,
+                tokenizer_files=tokenizer,
+            )
             return self.last
         self.wait()
-        self.saver.save(self.root, step, self.engine, self.optimizer, meta, is_main=is_main,
-                        keep=keep, tokenizer_files=tokenizer)  # fmt: skip
+        self.saver.save(
+            self.root,
+            step,
+            self.engine,
+            self.optimizer,
+            meta,
+            is_main=is_main,
+            keep=keep,
+            tokenizer_files=tokenizer,
+        )
         return self.wait() if wait else None
 
     @property
@@ -135,8 +157,10 @@ class Checkpointer:
         """Continue as ``--resume`` says (auto, never, a path): load the engine, optimizer
         and data position; returns (step, skipped steps), (0, 0) for a fresh start."""
         if self.stale:
-            say(f"removed {len(self.stale)} unfinished save(s) of an earlier run: "
-                + ", ".join(p.name for p in self.stale))  # fmt: skip
+            say(
+                f"removed {len(self.stale)} unfinished save(s) of an earlier run: "
+                + ", ".join(p.name for p in self.stale)
+            )
         found = self._find(resume, say)
         if found is None:
             return 0, 0

@@ -66,9 +66,14 @@ class Evaluator:
     the same steps and runs the same number of forward passes)."""
 
     def __init__(
-        self, recipe: Recipe, parts: list[EvalWindows], device: torch.device,
-        model_inputs: ModelInputs | None, *, enabled: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        recipe: Recipe,
+        parts: list[EvalWindows],
+        device: torch.device,
+        model_inputs: ModelInputs | None,
+        *,
+        enabled: bool = True,
+    ) -> None:
         self.every, self.at_end = recipe.eval.every, recipe.eval.at_end
         self.total_steps = recipe.train.steps
         self.parts, self.device, self.model_inputs = parts, device, model_inputs
@@ -151,9 +156,13 @@ class Evaluator:
 
 
 def build_evaluator(
-    recipe: Recipe, runtime: Runtime, tokenizer: tuple[str, int, int], *,
-    data_dir: Path | None = None, force: bool = False,
-) -> Evaluator:  # fmt: skip
+    recipe: Recipe,
+    runtime: Runtime,
+    tokenizer: tuple[str, int, int],
+    *,
+    data_dir: Path | None = None,
+    force: bool = False,
+) -> Evaluator:
     """The run's evaluator, checked at start-up (held-out data exists, holds at least one
     window and was made with ``tokenizer`` = (sha256, BOS, EOS)); a disabled one when the
     recipe does not evaluate, unless ``force`` (``yatrain eval``)."""
@@ -164,9 +173,10 @@ def build_evaluator(
     check_same_tokenizer(held, *tokenizer)
     requested = recipe.eval.batches * data.global_batch_size
     parts = [
-        EvalWindows(h, data.seq_len, requested, data.micro_batch_size, runtime.rank,
-                    runtime.world_size)
+        EvalWindows(
+            h, data.seq_len, requested, data.micro_batch_size, runtime.rank, runtime.world_size
+        )
         for h in held
-    ]  # fmt: skip
+    ]
     inputs = attention_inputs(data, tokenizer[1], tokenizer[2])
     return Evaluator(recipe, parts, runtime.device, inputs)

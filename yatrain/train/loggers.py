@@ -42,9 +42,14 @@ class Console:
 
     def start(self, total_steps: int, done_steps: int) -> None:
         self.bar = tqdm(
-            total=total_steps, initial=done_steps, disable=not self.progress, desc="pretrain",
-            unit="step", dynamic_ncols=True, file=sys.stderr,
-        )  # fmt: skip
+            total=total_steps,
+            initial=done_steps,
+            disable=not self.progress,
+            desc="pretrain",
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
 
     def say(self, message: str) -> None:
         if self.bar is not None and not self.bar.disable:
@@ -122,8 +127,9 @@ class Loggers:
         moved = truncate_metrics(run_dir / "metrics.jsonl", start_step)
         if moved is not None:
             self.say(f"{run_dir} had metrics but no checkpoint: kept them as {moved.name}")
-        wandb = WandbLogger(recipe.logging.wandb, run_dir, recipe_to_dict(recipe), run_dir.name,
-                            say=self.say)  # fmt: skip
+        wandb = WandbLogger(
+            recipe.logging.wandb, run_dir, recipe_to_dict(recipe), run_dir.name, say=self.say
+        )
         self.wandb_mode = wandb.mode
         self.destinations = [
             self.console,

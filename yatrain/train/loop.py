@@ -56,8 +56,15 @@ def pretrain(
     )
     run = None
     try:
-        run = setup(recipe, runtime, recipe_name=recipe_name, run_dir=run_dir, resume=resume,
-                    progress=progress, checks=checks)  # fmt: skip
+        run = setup(
+            recipe,
+            runtime,
+            recipe_name=recipe_name,
+            run_dir=run_dir,
+            resume=resume,
+            progress=progress,
+            checks=checks,
+        )
         return train(run)
     except (RuntimeError, dist.DistError) as error:  # the machine failed, not the input
         where = f"at step {run.step_number}" if run is not None else "while starting"
@@ -147,10 +154,16 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
     with run.meter.waiting_for_data():
         micro_batches = run.loader.next_batch()
     with run.meter.watching_tensors(step_number):
-        outcome = train_step(run.model, run.engine, run.optimizer, micro_batches,
-                             grad_clip=optim.grad_clip, guard=guard,
-                             model_inputs=run.loader.attention_inputs,
-                             clock=run.meter.clock)  # fmt: skip
+        outcome = train_step(
+            run.model,
+            run.engine,
+            run.optimizer,
+            micro_batches,
+            grad_clip=optim.grad_clip,
+            guard=guard,
+            model_inputs=run.loader.attention_inputs,
+            clock=run.meter.clock,
+        )
     skip = run.recipe.train.skip_nonfinite_steps
     last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None
     if outcome.bad_weights:  # applied: no skipping it, and nothing of it may be saved
@@ -204,8 +217,9 @@ def log(
     evaluation's figures at an evaluation step), open the next."""
     val = evaluation.record_fields() if evaluation is not None else None
     sent = (run.engine.bytes_sent_intra, run.engine.bytes_sent_cross)
-    record = run.meter.record(step_number, outcome.loss, outcome.grad_norm, lr, sent,
-                              run.skipped_steps, val)  # fmt: skip
+    record = run.meter.record(
+        step_number, outcome.loss, outcome.grad_norm, lr, sent, run.skipped_steps, val
+    )
     run.loggers.log(record)
     if run.meter.straggler_note is not None:
         run.loggers.say(run.meter.straggler_note)
@@ -223,11 +237,13 @@ def save(run: Run, step_number: int, final: bool) -> None:
     seconds = time.perf_counter() - start
     run.meter.exclude(seconds, "checkpoint")
     if previous is not None:  # waited for at the start of this save
-        run.loggers.say(f"saved {run.checkpointer.root / f'step-{previous}'} "
-                        "(written in the background)")  # fmt: skip
+        run.loggers.say(
+            f"saved {run.checkpointer.root / f'step-{previous}'} (written in the background)"
+        )
     if path is None:
-        run.loggers.say(f"saving step-{step_number} in the background (the run waited "
-                        f"{seconds:.2f}s)")  # fmt: skip
+        run.loggers.say(
+            f"saving step-{step_number} in the background (the run waited {seconds:.2f}s)"
+        )
     else:
         run.loggers.say(f"saved {path} in {seconds:.1f}s")
 

@@ -198,9 +198,16 @@ class StepMeter:
         self.window_start += seconds
         self.excluded[what] += seconds
 
-    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-               bytes_sent: tuple[int, int], skipped_steps: int, val: dict | None = None,
-               ) -> MetricsRecord:  # fmt: skip
+    def record(
+        self,
+        step: int,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        lr: float,
+        bytes_sent: tuple[int, int],
+        skipped_steps: int,
+        val: dict | None = None,
+    ) -> MetricsRecord:
         """The record of the window that ends at ``step``, with an evaluation's fields
         ``val`` at evaluation steps; collective (averages the loss over ranks). The caller
         logs it, then opens the next window."""
@@ -222,13 +229,24 @@ class StepMeter:
         tensors = peak_memory if self.device.type == "cuda" else self.tensor_peak
         self.tensor_peak = None
         record = MetricsRecord.measure(
-            step=step, loss=loss_value, lr=lr, grad_norm=grad_norm.item(),
-            tokens_per_step=self.tokens_per_step, window_s=window_s, window_steps=steps,
-            world_size=self.runtime.world_size, flops_per_token=self.flops_per_token,
-            peak_flops=self.peak_flops, peak_memory=peak_memory, data_wait_s=self.data_wait,
-            bytes_sent=bytes_sent, skipped_steps=skipped_steps, peak_tensors=tensors, val=val,
+            step=step,
+            loss=loss_value,
+            lr=lr,
+            grad_norm=grad_norm.item(),
+            tokens_per_step=self.tokens_per_step,
+            window_s=window_s,
+            window_steps=steps,
+            world_size=self.runtime.world_size,
+            flops_per_token=self.flops_per_token,
+            peak_flops=self.peak_flops,
+            peak_memory=peak_memory,
+            data_wait_s=self.data_wait,
+            bytes_sent=bytes_sent,
+            skipped_steps=skipped_steps,
+            peak_tensors=tensors,
+            val=val,
             breakdown=fields,
-        )  # fmt: skip
+        )
         self.records.append(record)
         return record
 

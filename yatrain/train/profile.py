@@ -36,8 +36,15 @@ SNAPSHOT_ENTRIES = 100_000  # allocator events kept for the memory snapshot
 class StepProfiler:
     """Traces steps ``first..last`` of a run (none when ``steps`` is 0)."""
 
-    def __init__(self, steps: int, run_dir: Path, rank: int, device: torch.device,
-                 start_step: int, say: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        steps: int,
+        run_dir: Path,
+        rank: int,
+        device: torch.device,
+        start_step: int,
+        say: Callable[[str], None],
+    ) -> None:
         self.first = start_step + WARMUP_STEPS + 1 if steps else -1
         self.last = self.first + steps - 1 if steps else -1
         self.out_dir, self.rank, self.device, self.say = run_dir / "profile", rank, device, say

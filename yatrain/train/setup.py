@@ -16,24 +16,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from yatrain.checkpoint.init_from import init_from_source
-from yatrain.common import DTYPES
 from yatrain.config import Recipe
 from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
-from yatrain.models.float8 import apply_float8, check_float8
-from yatrain.models.llama import build_model
+from yatrain.models.float8 import check_float8
 from yatrain.output.tensorboard_logger import require_tensorboard
-from yatrain.plan import check_fit, resolve_auto_checkpoint_layers
+from yatrain.plan import check_fit
 from yatrain.recipe_checks import check_vocab
 from yatrain.runtime.hang import HangReporter, StackFile
 from yatrain.runtime.process import Runtime, nccl_flight_recorder
 from yatrain.runtime.watchdog import Watchdog
-from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
+from yatrain.sharding import ShardedEngine
 from yatrain.topology import shard_group_size, validate_world_size
-from yatrain.train.checkpointer import Checkpointer, verify_init_source
-from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend, compile_layers
+from yatrain.train.build import build_model_and_engine, checkpoint_layers
+from yatrain.train.checkpointer import Checkpointer
+from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
@@ -89,20 +87,18 @@ class Run:
 
 
 def setup(
-    recipe: Recipe, runtime: Runtime, *, recipe_name: str, run_dir: Path | None, resume: str,
-    progress: bool, checks: Checks = Checks(),
-) -> Run:  # fmt: skip
+    recipe: Recipe,
+    runtime: Runtime,
+    *,
+    recipe_name: str,
+    run_dir: Path | None,
+    resume: str,
+    progress: bool,
+    checks: Checks = Checks(),
+) -> Run:
     """Build the run (see the module docstring); collective under torchrun."""
-    validate_world_size(recipe, runtime.world_size)
-    require_tensorboard(recipe)
-    group = shard_group_size(recipe, runtime.world_size, runtime.local_world_size)
     loggers = Loggers(runtime, progress)
-    layers = checkpoint_layers(recipe, runtime, loggers)
-    if checks.fit:
-        check_fit(recipe, runtime.world_size, runtime.device, layers)
-    if recipe.train.compile:
-        check_backend(recipe.train.compile_backend, runtime.device)
-    check_float8(recipe.train.float8, runtime.device, recipe.model)
+    layers = check_recipe(recipe, runtime, checks.fit, loggers.say)
     loader = build_loader(recipe, runtime, loggers)
     evaluator = build_evaluator(
         recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
@@ -111,16 +107,26 @@ def setup(
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     checkpointer = compiler = None
     try:
-        model, engine = build_engine(recipe, runtime, layers, checks.verify, group, loggers.say)
-        compiler = compile_model(recipe, model, run_dir)
+        model, engine = build_model_and_engine(
+            recipe, runtime, layers=layers, verify=checks.verify, say=loggers.say
+        )
+        compiler = compile_watch(recipe, run_dir)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
-        checkpointer = Checkpointer(recipe, run_dir / recipe.checkpoint.dir, engine, optimizer,
-                                    loader, runtime, verify=checks.verify)  # fmt: skip
+        checkpointer = Checkpointer(
+            recipe,
+            run_dir / recipe.checkpoint.dir,
+            engine,
+            optimizer,
+            loader,
+            runtime,
+            verify=checks.verify,
+        )
         start_step, skipped = checkpointer.restore(resume, loggers.say)
         loggers.open(run_dir, recipe, start_step)
         meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step, engine)
-        profiler = StepProfiler(recipe.train.profile, run_dir, runtime.rank, runtime.device,
-                                start_step, loggers.say)  # fmt: skip
+        profiler = StepProfiler(
+            recipe.train.profile, run_dir, runtime.rank, runtime.device, start_step, loggers.say
+        )
         attach_hang_report(watchdog, runtime, run_dir, start_step, meter, engine)
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
@@ -133,26 +139,54 @@ def setup(
         for line in [evaluator.schedule(), *evaluator.short_notices()] if evaluator.enabled else []:
             loggers.say(line)
     except BaseException:
-        if checkpointer is not None:
-            checkpointer.close(loggers.say)
-        watchdog.close()
-        loggers.close()  # nothing half-open (a W&B run, metrics.jsonl) after a failed start
-        if compiler is not None:
-            compiler.close()
-        if lock is not None:
-            lock.release(started=False)
+        abandon(checkpointer, watchdog, loggers, compiler, lock)
         raise
     parts = (loader, model, engine, optimizer, checkpointer, loggers, meter, profiler, evaluator)
     return Run(recipe, runtime, run_dir, *parts, lock, watchdog, compiler, start_step, skipped)
 
 
-def compile_model(recipe: Recipe, model: nn.Module, run_dir: Path) -> CompileWatch | None:
-    """With ``train.compile``: each decoder layer's forward compiled (the engine's hooks stay
-    outside), inductor's cache in the run directory, where a restart finds it."""
+def check_recipe(recipe: Recipe, runtime: Runtime, fit: bool, say: Callable[[str], None]) -> int:
+    """Everything that refuses a run before anything is allocated or written (the world and
+    shard group sizes, TensorBoard, the fit, the compile backend, float8); returns the
+    number of checkpointed layers (``auto`` resolved, its choice told to ``say``)."""
+    validate_world_size(recipe, runtime.world_size)
+    require_tensorboard(recipe)
+    shard_group_size(recipe, runtime.world_size, runtime.local_world_size)
+    layers = checkpoint_layers(recipe, runtime.world_size, runtime.device, say)
+    if fit:
+        check_fit(recipe, runtime.world_size, runtime.device, layers)
+    if recipe.train.compile:
+        check_backend(recipe.train.compile_backend, runtime.device)
+    check_float8(recipe.train.float8, runtime.device, recipe.model)
+    return layers
+
+
+def abandon(
+    checkpointer: Checkpointer | None,
+    watchdog: Watchdog,
+    loggers: Loggers,
+    compiler: CompileWatch | None,
+    lock: RunDirLock | None,
+) -> None:
+    """After a failed start: nothing left half-open (a background save, a W&B run,
+    metrics.jsonl, the watchdog, the compile watch, the run directory's lock)."""
+    if checkpointer is not None:
+        checkpointer.close(loggers.say)
+    watchdog.close()
+    loggers.close()
+    if compiler is not None:
+        compiler.close()
+    if lock is not None:
+        lock.release(started=False)
+
+
+def compile_watch(recipe: Recipe, run_dir: Path) -> CompileWatch | None:
+    """With ``train.compile`` (the layers are compiled by ``build_model_and_engine``): its
+    compilations counted and timed, inductor's cache in the run directory, where a restart
+    finds it."""
     if not recipe.train.compile:
         return None
     backend = recipe.train.compile_backend
-    compile_layers(model.layers, backend)
     return CompileWatch(backend, run_dir / CACHE_DIRNAME if backend == "inductor" else None)
 
 
@@ -226,54 +260,11 @@ def build_loader(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> BatchLoa
     """This rank's view of the global batches (one directory or a mixture), checked against
     the model's vocabulary; a mixture's notices go to the console."""
     loader = data_loader(
-        recipe.data, seed=recipe.train.seed, rank=runtime.rank, world_size=runtime.world_size,
+        recipe.data,
+        seed=recipe.train.seed,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
         notice=loggers.say if runtime.is_main else None,
-    )  # fmt: skip
+    )
     check_vocab(recipe, loader.vocab_size)
     return loader
-
-
-def checkpoint_layers(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> int:
-    """The recipe's number of checkpointed layers, or the planner's choice for ``auto``."""
-    layers = recipe.sharding.activation_checkpoint_layers
-    if layers != "auto":
-        return layers
-    layers, why = resolve_auto_checkpoint_layers(recipe, runtime.world_size, runtime.device)
-    loggers.say(why)
-    return layers
-
-
-def build_engine(
-    recipe: Recipe,
-    runtime: Runtime,
-    layers: int,
-    verify: bool = True,
-    group: int | None = None,
-    say: Callable[[str], None] | None = None,
-) -> tuple[nn.Module, ShardedEngine]:
-    """The model on the meta device (``layers`` of its decoder layers checkpointed), sharded
-    by the engine as each rank materialises it (from ``train.init_from`` when set, else from
-    the seed) over the whole world, or within shard groups of ``group`` ranks (HSDP);
-    ``say`` gets what the loading reports (the bytes this rank read)."""
-    model = build_model(recipe.model, layers, recipe.train.loss_chunk_tokens)
-    float8 = apply_float8(model, recipe.train.float8)
-    init = InitHooks.from_seed(model, recipe.train.seed)
-    if recipe.train.init_from is not None:
-        source = Path(recipe.train.init_from)
-        verify = verify_init_source(source, runtime, recipe.model, verify)
-        init = init_from_source(source, recipe.model, model, verify=verify)
-    hybrid = group is not None and group < runtime.world_size
-    engine = ShardedEngine.from_model(
-        model,
-        device=runtime.device,
-        init=init,
-        param_dtype=DTYPES[recipe.train.dtype],
-        reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
-        prefetch_depth=recipe.sharding.prefetch_depth,
-        force_process_group=recipe.sharding.force_process_group,
-        mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
-        float8=float8,
-    )
-    if say is not None and init.report is not None:
-        say(init.report())
-    return model, engine

@@ -55,8 +55,15 @@ from yatrain.config import LOSS_CHUNK_TOKENS
 
 def _model_flags(add) -> None:
     """The model and batch every contender trains."""
-    shape = [("dim", 512), ("n-layers", 6), ("n-heads", 8), ("n-kv-heads", 4),
-             ("ffn-dim", 1536), ("vocab", 8192), ("seq-len", 256)]  # fmt: skip
+    shape = [
+        ("dim", 512),
+        ("n-layers", 6),
+        ("n-heads", 8),
+        ("n-kv-heads", 4),
+        ("ffn-dim", 1536),
+        ("vocab", 8192),
+        ("seq-len", 256),
+    ]
     for name, default in shape:
         add(f"--{name}", type=int, default=default)
     add("--micro-batch", type=int, default=1, help="sequences per micro-batch")
@@ -68,12 +75,20 @@ def _model_flags(add) -> None:
         help="compute/communication dtype of weights (masters stay fp32)",
     )
     add("--reduce-dtype", choices=tuple(DTYPES), default="fp32")
-    add("--loss-chunk-tokens", type=int, default=LOSS_CHUNK_TOKENS,
-        help="yatrain-chunked: tokens per chunk of the fused loss")  # fmt: skip
+    add(
+        "--loss-chunk-tokens",
+        type=int,
+        default=LOSS_CHUNK_TOKENS,
+        help="yatrain-chunked: tokens per chunk of the fused loss",
+    )
     add("--ac-layers", type=int, default=0, help="activation-checkpoint the first N decoder layers")
     add("--prefetch-depth", type=int, default=1, help="yatrain prefetch depth")
-    add("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
-        help="the *-compile and *-float8 contenders' torch.compile backend")  # fmt: skip
+    add(
+        "--compile-backend",
+        default="inductor",
+        choices=("inductor", "aot_eager"),
+        help="the *-compile and *-float8 contenders' torch.compile backend",
+    )
     add("--seed", type=int, default=0)
 
 
@@ -87,19 +102,37 @@ def _run_flags(add) -> None:
         help="comma list of " + ",".join(CONTENDERS) + " (default: yatrain,yatrain-chunked,"
         "fsdp2 at world > 1, yatrain,bare at world 1)",
     )
-    counts = [("steps", 5, "measured steps per run"), ("warmup", 2, "unmeasured steps per run"),
-              ("mem-steps", 2, "steps after warm-up in the memory runs"),
-              ("repeats", 3, "runs per contender (interleaved)")]  # fmt: skip
+    counts = [
+        ("steps", 5, "measured steps per run"),
+        ("warmup", 2, "unmeasured steps per run"),
+        ("mem-steps", 2, "steps after warm-up in the memory runs"),
+        ("repeats", 3, "runs per contender (interleaved)"),
+    ]
     for name, default, text in counts:
         add(f"--{name}", type=int, default=default, help=text)
-    add("--threads", type=int, default=None,
-        help="torch threads per rank (default: CPU cores / world size)")  # fmt: skip
-    add("--memtracker", action="store_true",
-        help="also measure the live-tensor peak with MemTracker (extra short runs)")  # fmt: skip
-    add("--profile", action="store_true", help="finally, one more side-by-side run with each "
-        "contender's steps under cProfile (rank 0's profiles are printed)")  # fmt: skip
-    add("--start-method", choices=("fork", "spawn"), default=None,
-        help="how rank processes start (default: fork on CPU, spawn on CUDA)")  # fmt: skip
+    add(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per rank (default: CPU cores / world size)",
+    )
+    add(
+        "--memtracker",
+        action="store_true",
+        help="also measure the live-tensor peak with MemTracker (extra short runs)",
+    )
+    add(
+        "--profile",
+        action="store_true",
+        help="finally, one more side-by-side run with each "
+        "contender's steps under cProfile (rank 0's profiles are printed)",
+    )
+    add(
+        "--start-method",
+        choices=("fork", "spawn"),
+        default=None,
+        help="how rank processes start (default: fork on CPU, spawn on CUDA)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

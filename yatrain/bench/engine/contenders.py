@@ -40,11 +40,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig, OptimConfig
-from yatrain.models.float8 import apply_float8, float8_projections, load_torchao
-from yatrain.models.llama import build_model, materialize
-from yatrain.sharding import ShardedEngine
-from yatrain.train.compile import compile_layers
+from yatrain.config import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    Recipe,
+    ShardingConfig,
+    TrainConfig,
+)
+from yatrain.models.float8 import float8_projections, load_torchao
+from yatrain.models.llama import Llama, materialize
+from yatrain.runtime.process import Runtime
+from yatrain.train.build import build_model_and_engine, meta_model
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import cross_entropy, logits_loss, model_loss, train_step
 from yatrain.train.timing import StepClock
@@ -62,6 +69,9 @@ CONTENDERS = (
     "bare",
 )
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0
+OPTIM = OptimConfig(
+    lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, grad_clip=CLIP
+)
 
 
 @dataclass
@@ -84,6 +94,40 @@ def model_config(o: dict) -> ModelConfig:
     )
 
 
+def contender_recipe(o: dict, force=False, compiled=False, float8: str | None = None) -> Recipe:
+    """The benchmark's options as the recipe ``yatrain pretrain`` would run them: the model,
+    dtypes, checkpointed layers, loss chunk, prefetch depth and seed every contender uses."""
+    train = TrainConfig(
+        steps=o["warmup"] + o["steps"],
+        seed=o["seed"],
+        dtype=o["dtype"],
+        loss_chunk_tokens=o["loss_chunk_tokens"],
+        compile=compiled,
+        compile_backend=o["compile_backend"],
+        float8=float8,
+    )
+    sharding = ShardingConfig(
+        activation_checkpoint_layers=o["ac_layers"],
+        reduce_dtype=o["reduce_dtype"],
+        prefetch_depth=o["prefetch_depth"],
+        force_process_group=force,
+    )
+    data = DataConfig(seq_len=o["seq_len"], micro_batch_size=o["micro_batch"], global_batch_size=1)
+    return Recipe(model=model_config(o), data=data, train=train, optim=OPTIM, sharding=sharding)
+
+
+def _runtime(device: torch.device) -> Runtime:
+    """This rank's place in the benchmark's process group (``run_ranks`` made it)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return Runtime(rank=rank, world_size=world, local_rank=rank, device=device)
+
+
+def _plain_model(o: dict, device: torch.device) -> Llama:
+    """The contenders' model, materialised whole from the seed (every baseline's start)."""
+    return materialize(meta_model(contender_recipe(o)), device, o["seed"])
+
+
 def _opt_kind(opt: torch.optim.Optimizer) -> str:
     d = opt.defaults
     return "(fused)" if d.get("fused") else "(foreach)" if d.get("foreach") else ""
@@ -97,23 +141,9 @@ def build_yatrain(
     compiled=False,
     float8: str | None = None,
 ) -> Trainer:
-    model = build_model(model_config(o), o["ac_layers"], o["loss_chunk_tokens"])
-    engine = ShardedEngine.from_model(
-        model,
-        device=device,
-        seed=o["seed"],
-        param_dtype=DTYPES[o["dtype"]],
-        reduce_dtype=DTYPES[o["reduce_dtype"]],
-        prefetch_depth=o["prefetch_depth"],
-        force_process_group=force,
-        float8=apply_float8(model, float8),
-    )
-    if compiled:
-        compile_layers(model.layers, o["compile_backend"])
-    optim_cfg = OptimConfig(
-        lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, grad_clip=CLIP
-    )
-    opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), optim_cfg)
+    recipe = contender_recipe(o, force, compiled, float8)
+    model, engine = build_model_and_engine(recipe, _runtime(device))
+    opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), OPTIM)
 
     clock = StepClock(engine, device)
 
@@ -127,7 +157,7 @@ def build_yatrain(
 
 
 def build_fsdp2(o: dict, device: torch.device, compiled=False, float8=False) -> Trainer:
-    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    model = _plain_model(o, device)
     after_step = _fsdp2_float8(model) if float8 else lambda: None
     policy = MixedPrecisionPolicy(
         param_dtype=DTYPES[o["dtype"]], reduce_dtype=DTYPES[o["reduce_dtype"]]
@@ -181,17 +211,18 @@ def _ddp_allreduce_hook(state, bucket):
 def _replicated_trainer(model, run, device: torch.device, dtype: str, no_sync=None) -> Trainer:
     """Step of a replicated model (bare or DDP): ``bare_step`` with the same AdamW."""
     opt = bare_adamw(decay_groups(model, WEIGHT_DECAY), LR, betas=BETAS, eps=EPS)
-    params = list(model.parameters())
+    params, compute = list(model.parameters()), DTYPES[dtype]
 
     def step(micros):
-        return bare_step(run, params, opt, micros, device=device, dtype=DTYPES[dtype], clip=CLIP,
-                         no_sync=no_sync)[0]  # fmt: skip
+        return bare_step(
+            run, params, opt, micros, device=device, dtype=compute, clip=CLIP, no_sync=no_sync
+        )[0]
 
     return Trainer(step, extra={"optimizer": "AdamW" + _opt_kind(opt)})
 
 
 def build_ddp(o: dict, device: torch.device) -> Trainer:
-    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    model = _plain_model(o, device)
     ids = [device.index] if device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=ids)
     ddp.register_comm_hook(None, _ddp_allreduce_hook)
@@ -199,7 +230,7 @@ def build_ddp(o: dict, device: torch.device) -> Trainer:
 
 
 def build_bare(o: dict, device: torch.device) -> Trainer:
-    model = materialize(build_model(model_config(o), o["ac_layers"]), device, o["seed"])
+    model = _plain_model(o, device)
     return _replicated_trainer(model, model, device, o["dtype"])
 
 

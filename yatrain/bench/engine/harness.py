@@ -61,8 +61,15 @@ def _sync(device: torch.device) -> None:
 # ---------------------------------------------------------------------------- one rank
 
 
-def _timed_step(trainer: Trainer, res: dict, micros, counter: CommCounter, device,
-                measured: bool, prof: cProfile.Profile | None):  # fmt: skip
+def _timed_step(
+    trainer: Trainer,
+    res: dict,
+    micros,
+    counter: CommCounter,
+    device,
+    measured: bool,
+    prof: cProfile.Profile | None,
+):
     """One step of one contender; when ``measured``, its time, bytes and calls go in ``res``."""
     bytes0, calls0 = counter.bytes_sent, dict(counter.calls)
     engine0 = trainer.engine_bytes() if trainer.engine_bytes else 0
@@ -116,8 +123,13 @@ def time_rank(rank: int, world: int, o: dict, names: list[str], profile: bool = 
         t0 = time.perf_counter()
         trainers[name] = BUILDERS[name](o, device)
         _sync(device)
-        out[name] = {"build_s": time.perf_counter() - t0, "times": [], "bytes": 0, "engine": 0,
-                     "calls": {}}  # fmt: skip
+        out[name] = {
+            "build_s": time.perf_counter() - t0,
+            "times": [],
+            "bytes": 0,
+            "engine": 0,
+            "calls": {},
+        }
     losses = {}
     profilers = {name: cProfile.Profile() for name in names} if profile else {}
     for index, micros in enumerate(batches):
@@ -130,8 +142,9 @@ def time_rank(rank: int, world: int, o: dict, names: list[str], profile: bool = 
                     trainer.clock.take()  # the breakdown covers the measured steps only
         for name in names:
             prof = profilers.get(name) if measured else None
-            losses[name] = _timed_step(trainers[name], out[name], micros, counter, device,
-                                       measured, prof)  # fmt: skip
+            losses[name] = _timed_step(
+                trainers[name], out[name], micros, counter, device, measured, prof
+            )
     return {
         name: _per_step(out[name], trainers[name], losses[name], profilers.get(name))
         for name in names
@@ -245,8 +258,11 @@ def run_memory(args: argparse.Namespace, o: dict, kw: dict, agg: dict[str, dict]
 def run_all(args: argparse.Namespace) -> dict[str, dict]:
     """Timing repeats, then memory runs, then (``--profile``) one profiled timing run."""
     o = {k: v for k, v in vars(args).items() if k not in ("contenders",)}
-    kw = dict(backend="nccl" if args.device == "cuda" else "gloo", threads=args.threads,
-              start_method=args.start_method)  # fmt: skip
+    kw = dict(
+        backend="nccl" if args.device == "cuda" else "gloo",
+        threads=args.threads,
+        start_method=args.start_method,
+    )
     agg: dict[str, dict] = {
         c: {"times": [], "bytes": [], "engine_bytes": [], "loss": [], "build": [], "calls": {}}
         for c in args.contenders

@@ -77,8 +77,9 @@ def _table(args, agg: dict[str, dict], med: dict, mem: dict, peak: float) -> str
     fpt = flops_per_token(model_config(vars(args)), args.seq_len)
     ref = "fsdp2" if "fsdp2" in agg else ("bare" if "bare" in agg else None)
     headers = ["contender", "median step s", "step range s", "tokens/s (global)", "MFU"]
-    headers += ["peak alloc/rank", "peak reserved/rank"] if cuda else ["peak mem/rank",
-                                                                       "(steps only)"]  # fmt: skip
+    headers += (
+        ["peak alloc/rank", "peak reserved/rank"] if cuda else ["peak mem/rank", "(steps only)"]
+    )
     headers += ["live-tensor peak"] if args.memtracker else []
     headers += ["bytes sent/step/rank", "final loss"]
     headers += [f"step vs {ref}", f"mem vs {ref}"] if ref else []
@@ -86,9 +87,15 @@ def _table(args, agg: dict[str, dict], med: dict, mem: dict, peak: float) -> str
     rows = []
     for c, a in agg.items():
         t = med[c]
-        row = [c, f"{t:.3f}", spread(a["times"]), f"{tokens / t:,.0f}",
-               f"{tokens / args.world_size / t * fpt / peak:.1%}", _size(mem[c]),
-               _size(a.get("mem_reserved" if cuda else "mem_steps"))]  # fmt: skip
+        row = [
+            c,
+            f"{t:.3f}",
+            spread(a["times"]),
+            f"{tokens / t:,.0f}",
+            f"{tokens / args.world_size / t * fpt / peak:.1%}",
+            _size(mem[c]),
+            _size(a.get("mem_reserved" if cuda else "mem_steps")),
+        ]
         if args.memtracker:
             row.append(_size(a.get("live_peak")))
         row.append(_size(median(a["bytes"])) if args.world_size > 1 else "0 (1 rank)")
@@ -115,22 +122,31 @@ def _targets(args, agg: dict, med: dict, mem: dict) -> None:
         if c not in med:
             continue
         r = med[c] / med["fsdp2"]
-        checks.append((f"{label}: {c} step time <= {step_t:.2f}x FSDP2", f"{r:.3f}x",
-                       verdict(r, step_t)))  # fmt: skip
+        checks.append(
+            (f"{label}: {c} step time <= {step_t:.2f}x FSDP2", f"{r:.3f}x", verdict(r, step_t))
+        )
         if mem_t and mem[c] and mem["fsdp2"]:
             m = mem[c] / mem["fsdp2"]
-            checks.append((f"{label}: {c} peak memory <= {mem_t:.2f}x FSDP2", f"{m:.3f}x",
-                           verdict(m, mem_t)))  # fmt: skip
+            checks.append(
+                (f"{label}: {c} peak memory <= {mem_t:.2f}x FSDP2", f"{m:.3f}x", verdict(m, mem_t))
+            )
         live, live_ref = agg[c].get("live_peak"), agg["fsdp2"].get("live_peak")
         if live and live_ref:
             ratio = live / live_ref
-            checks.append((f"{label}: {c} live tensors <= {live_t:.2f}x FSDP2",
-                           f"{ratio:.3f}x", verdict(ratio, live_t)))  # fmt: skip
+            checks.append(
+                (
+                    f"{label}: {c} live tensors <= {live_t:.2f}x FSDP2",
+                    f"{ratio:.3f}x",
+                    verdict(ratio, live_t),
+                )
+            )
     checks += _compile_targets(med, mem)
     if "yatrain-compile" in med and "yatrain" in med and args.device == "cpu":
         share = block_seconds(vars(args)) / med["yatrain"]
-        print(f"decoder blocks (forward + backward, eager, alone): {share:.0%} of the eager "
-              "yatrain step: compiling them can save at most that share")  # fmt: skip
+        print(
+            f"decoder blocks (forward + backward, eager, alone): {share:.0%} of the eager "
+            "yatrain step: compiling them can save at most that share"
+        )
     if "yatrain" in med and "bare" in med:
         r = med["yatrain"] / med["bare"]
         checks.append(("world 1: yatrain step time <= 1.03x bare", f"{r:.3f}x", verdict(r, 1.03)))
@@ -147,12 +163,22 @@ def _compile_targets(med: dict, mem: dict) -> list[tuple[str, str, str]]:
     for contender, baseline, limit in COMPILE_TARGETS:
         if contender in med and baseline in med:
             r = med[contender] / med[baseline]
-            checks.append((f"compile: {contender} step time <= {limit:.2f}x {baseline}",
-                           f"{r:.3f}x", verdict(r, limit)))  # fmt: skip
+            checks.append(
+                (
+                    f"compile: {contender} step time <= {limit:.2f}x {baseline}",
+                    f"{r:.3f}x",
+                    verdict(r, limit),
+                )
+            )
     c, ref = mem.get("yatrain-compile"), mem.get("fsdp2-compile")
     if c and ref:
-        checks.append(("compile: yatrain-compile peak memory <= fsdp2-compile", f"{c / ref:.3f}x",
-                       verdict(c / ref, 1.0)))  # fmt: skip
+        checks.append(
+            (
+                "compile: yatrain-compile peak memory <= fsdp2-compile",
+                f"{c / ref:.3f}x",
+                verdict(c / ref, 1.0),
+            )
+        )
     return checks
 
 

@@ -1,0 +1,235 @@
+"""Every benchmark's entry point runs on a tiny shape and prints what it promises.
+
+A benchmark nobody runs rots: an import moves, a builder changes, and the next person who
+needs the numbers finds a traceback. Each one here runs in seconds (a tiny model, one
+repeat, two or three steps) through its own ``main(argv)``, in this process, and its output
+is checked for the table, the ratio or the verdict it exists to print. Those that need a GPU
+are checked to refuse in one line on a machine without one.
+"""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST, ROOT
+
+from yatrain.bench import (
+    breakdown,
+    checkpoint,
+    compile,
+    document_mask,
+    guard,
+    init_from,
+    loop,
+    pathcheck,
+    seed_table,
+    tokenization,
+)
+from yatrain.bench.engine import cli as engine
+
+TINY = ROOT / "recipes" / "tiny.yaml"
+SETS = [f"--set={override}" for override in FAST]  # the tiny recipe at test size
+# The engine benchmark's model flags at test size (pathcheck takes the same).
+ENGINE_SHAPE = [
+    *("--dim", "64", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2"),
+    *("--ffn-dim", "128", "--vocab", "256", "--seq-len", "32", "--dtype", "fp32"),
+    *("--steps", "1", "--warmup", "1", "--threads", "1"),
+]
+# Benchmarks whose smoke run is a test elsewhere (not repeated here: they are slow).
+COVERED_ELSEWHERE = {"float8": "tests/test_float8_run.py (the numerics benchmark test)"}
+
+
+def table_rows(out: str, first: str) -> list[list[str]]:
+    """The cells of each Markdown table row of ``out`` whose first cell is ``first``."""
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines]
+    return [row for row in rows if row and row[0] == first]
+
+
+def ratio(cell: str) -> float:
+    """``1.234x`` -> 1.234."""
+    return float(cell.removesuffix("x"))
+
+
+def run_loop(tmp_path: Path, data: Path) -> None:
+    args = ["--recipe", str(TINY), "--data", str(data), "--steps", "2", "--repeats", "1", *SETS]
+    assert loop.main(args) == 0
+
+
+def check_loop(out: str) -> None:
+    (yatrain,) = table_rows(out, loop.YATRAIN)
+    (bare,) = table_rows(out, loop.BARE)
+    assert ratio(bare[4]) == 1.0 and ratio(yatrain[4]) > 0
+    assert table_rows(out, "yatrain loop step time within 5% of bare (<= 1.05x)")
+
+
+def run_engine(tmp_path: Path, data: Path) -> None:
+    args = ["--world-size", "1", "--contenders", "yatrain,bare", "--repeats", "1"]
+    assert engine.main([*args, "--mem-steps", "1", *ENGINE_SHAPE]) == 0
+
+
+def check_engine(out: str) -> None:
+    (yatrain,) = table_rows(out, "yatrain")
+    (bare,) = table_rows(out, "bare")
+    assert bare[-2] == "1.000x" and ratio(yatrain[-2]) > 0  # step time vs bare
+    assert table_rows(out, "world 1: yatrain step time <= 1.03x bare")
+
+
+def run_pathcheck(tmp_path: Path, data: Path) -> None:
+    assert pathcheck.main(ENGINE_SHAPE) == 0
+
+
+def check_pathcheck(out: str) -> None:
+    steps = table_rows(out, "1") + table_rows(out, "2")
+    assert [row[4] for row in steps] == ["yes", "yes"]  # the buffered path = the direct one
+    assert "pathcheck: PASS" in out
+
+
+def run_checkpoint(tmp_path: Path, data: Path) -> None:
+    args = [str(TINY), *SETS, "--repeats", "1", "--stall-repeats", "1", "--after", "1"]
+    checkpoint.main(args)
+
+
+def check_checkpoint(out: str) -> None:
+    assert re.search(r"checkpoint size: [0-9.]+ MiB \([0-9.]+ bytes/parameter\)", out)
+    assert re.search(r"DCP write, median: [0-9.]+ s hashing .* \([0-9.]+x\)", out)
+    assert table_rows(out, "sync") and table_rows(out, "async")  # checkpoint_stall's table
+    assert re.search(r"async blocks [0-9.]+x as long as sync", out)
+
+
+def run_guard(tmp_path: Path, data: Path) -> None:
+    guard.main([str(TINY), *SETS, "--steps", "3"])
+
+
+def check_guard(out: str) -> None:
+    assert re.search(r"weight check [0-9.]+ ms = [0-9.]+% of a step", out)
+
+
+def run_tokenization(tmp_path: Path, data: Path) -> None:
+    args = ["--repeats", "1", "--passes", "1", "--max-bytes", "200000", "--sp-vocab", "512"]
+    tokenization.main([*args, "--tiktoken-vocab", "512", "--work-dir", str(tmp_path / "tok")])
+
+
+def check_tokenization(out: str) -> None:
+    assert table_rows(out, "sentencepiece, 2 workers") and table_rows(out, "tiktoken, 1 worker")
+    assert re.search(r"tiktoken: 2 workers / 1 worker = [0-9.]+x", out)
+
+
+def run_document_mask(tmp_path: Path, data: Path) -> None:
+    args = ["--recipe", str(TINY), "--data", str(data), "--steps", "2", "--repeats", "1"]
+    document_mask.main([*args, *SETS])
+
+
+def check_document_mask(out: str) -> None:
+    assert table_rows(out, "causal (default)")[0][-1] == "1.000x"
+    assert ratio(table_rows(out, "document_mask + restart_positions")[0][-1]) > 0
+
+
+def run_breakdown(tmp_path: Path, data: Path) -> None:
+    args = ["--data", str(data), "--steps", "2", "--shapes", "tiny recipe", *SETS]
+    assert breakdown.main(args) == 0
+
+
+def check_breakdown(out: str) -> None:
+    (row,) = table_rows(out, "tiny recipe")
+    assert float(row[1]) > 0 and row[-2].endswith("%")  # step s, the added code's share
+    assert table_rows(out, "unattributed <= 5% (tiny recipe)")
+
+
+def run_compile(tmp_path: Path, data: Path) -> None:
+    # dynamo's eager backend: the same capture and CompileWatch count, no kernel generation
+    args = ["--recipe", str(TINY), "--data", str(data), "--steps", "2", "--log-every", "1"]
+    args += ["--repeats", "1", "--threads", "1", "--set=train.compile_backend=eager"]
+    assert compile.main([*args, *SETS]) == 0
+
+
+def check_compile(out: str) -> None:
+    (row,) = table_rows(out, "fp32")
+    assert ratio(row[3]) > 0 and float(row[4]) > 0  # compiled/eager, compile s (cold)
+
+
+def run_init_from(tmp_path: Path, data: Path) -> None:
+    args = ["--dim", "256", "--layers", "2", "--ffn", "256", "--vocab", "512", "--shard-mb", "1"]
+    args += ["--worlds", "1", "2"]
+    assert init_from.main(args) == 0
+
+
+def check_init_from(out: str) -> None:
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+[12]\s+[01]\s", line)]
+    assert [(row[0], row[1]) for row in rows] == [("1", "0"), ("2", "0"), ("2", "1")]
+    assert all(abs(float(row[4]) - 1) < 0.05 for row in rows)  # each rank reads its share
+
+
+def run_seed_table(tmp_path: Path, data: Path) -> None:
+    seed_table.main([])
+
+
+def check_seed_table(out: str) -> None:
+    rows = [line for line in out.splitlines() if line.startswith("| Llama")]
+    assert len(rows) == len(seed_table.SEED_ROWS)
+
+
+SMOKE = {
+    "loop": (run_loop, check_loop),
+    "engine": (run_engine, check_engine),
+    "pathcheck": (run_pathcheck, check_pathcheck),
+    "checkpoint": (run_checkpoint, check_checkpoint),
+    "guard": (run_guard, check_guard),
+    "tokenization": (run_tokenization, check_tokenization),
+    "document_mask": (run_document_mask, check_document_mask),
+    "breakdown": (run_breakdown, check_breakdown),
+    "compile": (run_compile, check_compile),
+    "init_from": (run_init_from, check_init_from),
+    "seed_table": (run_seed_table, check_seed_table),
+}
+
+
+@pytest.fixture()
+def quiet_process(isolated_env, monkeypatch):
+    """What the benchmarks set for their own process, given back afterwards: W&B off (its
+    files under tmp_path), and torch's thread count."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", list(SMOKE))
+def test_benchmark_runs_tiny_and_prints_its_result(
+    name, small_data, tmp_path, capsys, quiet_process
+):
+    run, check = SMOKE[name]
+    run(tmp_path, small_data)
+    check(capsys.readouterr().out)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+@pytest.mark.parametrize("entry", [engine.main, pathcheck.main], ids=["engine", "pathcheck"])
+def test_gpu_benchmarks_refuse_in_one_line_without_a_gpu(entry, capsys):
+    assert entry(["--device", "cuda", *ENGINE_SHAPE]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "no CUDA device: --device cuda needs a GPU"
+
+
+def test_every_benchmark_has_a_smoke_test():
+    """A new benchmark with a ``main`` gets a smoke test here (or names the test that runs
+    it), so none can be added untested."""
+    found = {
+        path.stem if path.parent.name == "bench" else path.parent.name
+        for path in (ROOT / "yatrain" / "bench").rglob("*.py")
+        if "def main(" in path.read_text()
+    }
+    assert found == set(SMOKE) | set(COVERED_ELSEWHERE)
+
+
+@pytest.mark.parametrize(
+    "script", sorted(path.name for path in (ROOT / "scripts").glob("*.py")), ids=str
+)
+def test_script_shims_import_their_benchmark(script):
+    """``python scripts/bench_*.py`` is the benchmark's ``main``: the shim's import works."""
+    names = runpy.run_path(str(ROOT / "scripts" / script), run_name="smoke")
+    assert callable(names["main"])
