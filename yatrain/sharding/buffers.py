@@ -4,23 +4,28 @@ How many buffers of which size is decided in one place, ``sizes.engine_buffers``
 planner calls it too); this module allocates them and assigns units to them: gather
 buffers rotate among consecutive units (the edge units either rotate with the others or
 share one buffer of their own), and the units with several weight tensors take turns on
-two gradient buffers.
+two gradient buffers. ``WorkBuffers`` is everything one engine allocated: those buffers,
+the norm group's, and the reducer that owns the reduce-scatter staging (``reduce.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from yatrain.sharding.comm import Handle
+from yatrain.sharding.comm import Communicator, CudaStreamCommunicator, GlooCommunicator, Handle
 from yatrain.sharding.layout import alias
-from yatrain.sharding.reduce import ReduceJob
+from yatrain.sharding.reduce import PieceReducer, ReduceJob, StreamReducer, ThreadReducer
+from yatrain.sharding.shards import MasterShards
 from yatrain.sharding.sizes import EngineBuffers
+from yatrain.sharding.timing import IntervalClock
 
 
 class Buffer:
     """A preallocated flat buffer and the unit whose data it holds (or is receiving)."""
 
-    def __init__(self, data: torch.Tensor, owner: int | None = None, fixed: bool = False):
+    def __init__(self, data: torch.Tensor, owner: int | None = None, fixed: bool = False) -> None:
         self.data = data
         self.alias = alias(data)
         self.owner = owner
@@ -31,7 +36,7 @@ class Buffer:
 class GradSlot:
     """A gradient buffer and the reduction still reading it."""
 
-    def __init__(self, data: torch.Tensor):
+    def __init__(self, data: torch.Tensor) -> None:
         self.data = data
         self.job: ReduceJob | None = None
 
@@ -69,3 +74,78 @@ def grad_slots(
         else:
             slot_of.append(slots[sum(s is not None for s in slot_of) % len(slots)])
     return slot_of
+
+
+@dataclass
+class WorkBuffers:
+    """What one engine preallocated (exactly what its ``EngineBuffers`` plan says)."""
+
+    buffer_of: list[Buffer]  # each unit's gather buffer (one process: its shard itself)
+    slot_of: list[GradSlot | None]  # each unit's gradient buffer, if it has one
+    small_buffer: torch.Tensor  # the norm group's gathered weights
+    # The small group's gradient accumulates over micro-batches in the parameter dtype (in
+    # place in its fp32 shard when that is what it is) and is reduced once.
+    small_grad: torch.Tensor
+    small_out: torch.Tensor | None  # the norm group's reduce-scatter output, if not fp32
+    reducer: PieceReducer | None  # issues the gradients' reduce-scatters (None: one process)
+
+    @classmethod
+    def allocate(
+        cls,
+        plan: EngineBuffers,
+        shards: MasterShards,
+        comm: Communicator,
+        *,
+        direct: bool,
+        device: torch.device,
+        clock: IntervalClock,
+    ) -> WorkBuffers:
+        """Exactly what ``plan`` says; at world size 1 without a process group (``direct``)
+        every unit computes straight from its shard (or its bf16 copy)."""
+        dev = device
+        slot_of = grad_slots([layout.single_tensor for layout in shards.layouts], plan, dev)
+        reducer: PieceReducer | None = None
+        if direct:
+            compute, small_compute = shards.compute, shards.small_compute
+            source = shards.unit_master if compute is None else shards.unit_views(compute)
+            buffer_of = [Buffer(view, owner=i, fixed=True) for i, view in enumerate(source)]
+            small_buffer = shards.small_master if small_compute is None else small_compute
+        else:
+            buffer_of = gather_buffers(len(shards.layouts), plan, dev)
+            small_buffer = plan.small_gather.empty(dev)
+            reducer = make_reducer(plan, comm, dev, clock)
+        spec = plan.small_grad
+        small_grad = spec.empty(dev).zero_() if spec.count else shards.small_grad
+        small_out = plan.small_out.empty(dev) if plan.small_out.count else None
+        return cls(buffer_of, slot_of, small_buffer, small_grad, small_out, reducer)
+
+    def pump(self) -> None:
+        """Let the reducer make progress (CUDA: let go of gradients already reduced)."""
+        if self.reducer is not None:
+            self.reducer.pump()
+
+    def after_step(self, small_shard_grad: torch.Tensor) -> None:
+        """Zero the norm group's gradients and mark every buffer stale (new masters)."""
+        self.small_grad.zero_()
+        if self.small_grad is not small_shard_grad:
+            small_shard_grad.zero_()
+        for buf in self.buffer_of:
+            if not buf.fixed:
+                buf.owner = None
+        for slot in self.slot_of:
+            if slot is not None:
+                slot.job = None  # landed; it would keep the gradient shard alive
+
+
+def make_reducer(
+    plan: EngineBuffers, comm: Communicator, device: torch.device, clock: IntervalClock
+) -> PieceReducer:
+    """The reduce-scatter pieces' staging and output buffers, and who issues them."""
+    staging, out = plan.staging.empty(device), plan.reduce_out.empty(device)
+    if isinstance(comm, CudaStreamCommunicator):
+        return StreamReducer(comm, staging, out, plan.piece_numel)
+    if not isinstance(comm, GlooCommunicator):
+        raise TypeError(f"no reducer for {type(comm).__name__}: it has no process group")
+    reducer = ThreadReducer(comm.second_group(), staging, out, plan.piece_numel)  # see reduce.py
+    reducer.clock = clock  # the helper thread's own waits are not exposed
+    return reducer

@@ -35,7 +35,26 @@ import torch.distributed as dist
 
 from yatrain.sharding.timing import IntervalClock
 
-Step = Callable[[], None] | None
+Step = Callable[[], object] | None  # a stream-ordered step around a collective
+
+
+def gather_into(
+    out: torch.Tensor, source: torch.Tensor, group: dist.ProcessGroup | None, async_op: bool
+) -> dist.Work | None:
+    """All-gather into one flat tensor. torch 2.13 names it ``all_gather_single`` and
+    deprecates ``all_gather_into_tensor``, the only name torch 2.5-2.12 has: use whichever
+    this torch has (looked up per call, so a patched function is seen too)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, source, group=group, async_op=async_op)
+
+
+def scatter_into(
+    out: torch.Tensor, full: torch.Tensor, group: dist.ProcessGroup | None, async_op: bool
+) -> dist.Work | None:
+    """Reduce-scatter (sum) of one flat tensor: ``reduce_scatter_single`` in torch 2.13,
+    ``reduce_scatter_tensor`` before it."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(out, full, group=group, async_op=async_op)
 
 
 def ring_bytes(nbytes: int, world_size: int) -> int:
@@ -48,8 +67,8 @@ def ring_bytes(nbytes: int, world_size: int) -> int:
 class Handle:
     """A collective in flight. ``then`` runs once the data has landed (CPU only)."""
 
-    work: object | None = None
-    event: object | None = None
+    work: dist.Work | None = None  # gloo
+    event: torch.cuda.Event | None = None  # CUDA: recorded once the collective has landed
     then: Step = None
     done: bool = field(default=False)
     kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce" (what a rank waits on)
@@ -60,6 +79,7 @@ class Communicator:
 
     def __init__(self) -> None:
         self.rank, self.world_size = 0, 1
+        self.group: dist.ProcessGroup | None = None
         self.bytes_sent = 0
         self.entered = 0  # collectives issued on this communicator
         self.clock: IntervalClock | None = None  # times ``wait`` (set by the engine)
@@ -117,7 +137,9 @@ class Communicator:
     def _wait(self, handle: Handle) -> None:
         raise NotImplementedError
 
-    def _timed_all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+    def _timed_all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> None:
         """A synchronous reduction over the group (the gradient norm's sum, float8's
         amaxes), timed as a wait."""
         self.entered += 1
@@ -163,24 +185,26 @@ class GlooCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
-    def all_gather(self, out, shard, fill=None) -> Handle:
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, fill: Step = None) -> Handle:
         source, cast = self._gather_input(out, shard)
         for step in (fill, cast):
             if step is not None:
                 step()
         self._count(out)
-        work = dist.all_gather_single(out, source, group=self.group, async_op=True)
+        work = gather_into(out, source, self.group, async_op=True)
         return Handle(work=work, kind="all-gather")
 
-    def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
+    def reduce_scatter(
+        self, out: torch.Tensor, full: torch.Tensor, *, before: Step = None, then: Step = None
+    ) -> Handle:
         if before is not None:
             before()
         self._count(full)
-        work = dist.reduce_scatter_single(out, full, group=self.group, async_op=True)
+        work = scatter_into(out, full, self.group, async_op=True)
         return Handle(work=work, then=then, kind="reduce-scatter")
 
     def finished(self, handle: Handle | None) -> bool:
-        return handle is None or handle.done or handle.work.is_completed()
+        return handle is None or handle.done or _work(handle).is_completed()
 
     def second_group(self) -> GlooCommunicator:
         """The same ranks on a process group of their own (collective: every rank calls
@@ -193,7 +217,7 @@ class GlooCommunicator(Communicator):
         return GlooCommunicator(dist.new_group(ranks, backend="gloo"))
 
     def _wait(self, handle: Handle) -> None:
-        handle.work.wait()
+        _work(handle).wait()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         self._timed_all_reduce(tensor)
@@ -219,7 +243,7 @@ class CudaStreamCommunicator(Communicator):
 
     def _on_comm_stream(
         self,
-        collective,
+        collective: Callable[[], object],
         before: Step = None,
         then: Step = None,
         after: Handle | None = None,
@@ -240,20 +264,23 @@ class CudaStreamCommunicator(Communicator):
             landed.record(self.stream)
         return Handle(event=landed, kind=kind)
 
-    def all_gather(self, out, shard, fill=None) -> Handle:
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, fill: Step = None) -> Handle:
         self._count(out)
         source, cast = self._gather_input(out, shard)
         steps = [step for step in (fill, cast) if step is not None]
         before = (lambda: [step() for step in steps]) if steps else None
         return self._on_comm_stream(
-            lambda: dist.all_gather_single(out, source, group=self.group), before,
+            lambda: gather_into(out, source, self.group, async_op=False),
+            before,
             kind="all-gather",
-        )  # fmt: skip
+        )
 
-    def reduce_scatter(self, out, full, *, before=None, then=None) -> Handle:
+    def reduce_scatter(
+        self, out: torch.Tensor, full: torch.Tensor, *, before: Step = None, then: Step = None
+    ) -> Handle:
         self._count(full)
         return self._on_comm_stream(
-            lambda: dist.reduce_scatter_single(out, full, group=self.group),
+            lambda: scatter_into(out, full, self.group, async_op=False),
             before,
             then,
             kind="reduce-scatter",
@@ -263,13 +290,13 @@ class CudaStreamCommunicator(Communicator):
         if handle is None or handle.done:
             return
         mark = self.clock.start(handle.kind) if self.clock is not None else None
-        torch.cuda.current_stream().wait_event(handle.event)  # the stall lies between the marks
+        torch.cuda.current_stream().wait_event(_event(handle))  # the stall: between the marks
         if self.clock is not None:
             self.clock.stop(mark)
         handle.done = True  # ``then`` already ran on the communication stream
 
     def finished(self, handle: Handle | None) -> bool:
-        return handle is None or handle.done or handle.event.query()
+        return handle is None or handle.done or _event(handle).query()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         self._timed_all_reduce(tensor)  # on the compute stream: exposed by construction
@@ -281,6 +308,20 @@ class CudaStreamCommunicator(Communicator):
         self._count_all_reduce(tensor)
         collective = functools.partial(dist.all_reduce, tensor, group=self.group)
         return self._on_comm_stream(collective, after=after, kind="all-reduce")
+
+
+def _work(handle: Handle) -> dist.Work:
+    """A gloo handle's work (every one it issues has one)."""
+    if handle.work is None:
+        raise RuntimeError(f"a {handle.kind or 'collective'} handle without its work")
+    return handle.work
+
+
+def _event(handle: Handle) -> torch.cuda.Event:
+    """A CUDA handle's landed event (every one it issues has one)."""
+    if handle.event is None:
+        raise RuntimeError(f"a {handle.kind or 'collective'} handle without its event")
+    return handle.event
 
 
 def make_communicator(

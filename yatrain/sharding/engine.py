@@ -2,12 +2,18 @@
 
 The model is described as an ordered list of units (embedding, decoder layers, output head)
 plus its norm modules (``contract.ShardableModel``). Each unit's weights are flattened and
-sharded across ranks; during a unit's forward and backward its parameters are views into a
-preallocated gather buffer (sized by ``sizes.engine_buffers``, allocated once in
-``buffers.py``, never freed) and its gradient is reduce-scattered in pieces into the unit's
-fp32 gradient shard (``reduce.py``). Norm weights (and any other 1-D parameter) form one
-small group gathered once and reduced once per step. The per-unit schedule of gathers and
-reductions lives in ``hooks.py``; the saved state in ``state.py``.
+sharded across ranks (``shards.py``, built by ``materialize.py``); during a unit's forward
+and backward its parameters are views into a preallocated gather buffer (sized by
+``sizes.engine_buffers``, allocated once in ``buffers.py``, never freed) and its gradient is
+reduce-scattered in pieces into the unit's fp32 gradient shard (``reduce.py``). Norm weights
+(and any other 1-D parameter) form one small group gathered once and reduced once per step.
+
+``ShardedEngine`` composes the parts, each given what it uses: ``StepState``
+(``step_state.py``) is where the step stands, reset by ``after_step``; ``UnitHooks``
+(``hooks.py``) follows the forward and backward unit by unit, gathering through
+``UnitGathers`` (``gathers.py``) and routing each arriving gradient through
+``GradientArrival`` (``arrival.py``); ``GradientFinish`` (``gradients.py``) ends the step's
+gradients. The saved state is described in ``state.py``.
 
 The fp32 gradient shard exists only from a step's first reduction to its ``after_step``:
 the first micro-batch's reductions write it (nothing is zeroed), later ones add to it, and
@@ -16,30 +22,32 @@ no forward that does not need it holds it.
 
 from __future__ import annotations
 
-import functools
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from yatrain.sharding.buffers import Buffer, gather_buffers, grad_slots
-from yatrain.sharding.comm import Communicator, CudaStreamCommunicator
+from yatrain.sharding.arrival import GradientArrival
+from yatrain.sharding.buffers import WorkBuffers
+from yatrain.sharding.comm import Communicator
 from yatrain.sharding.contract import InitHooks, ShardableModel, backward_reads_weights
 from yatrain.sharding.float8 import Float8Format, Float8Gathers
+from yatrain.sharding.gathers import UnitGathers
 from yatrain.sharding.gradients import GradientFinish
 from yatrain.sharding.groups import communicators
-from yatrain.sharding.hooks import UnitSchedule
+from yatrain.sharding.hooks import UnitHooks
 from yatrain.sharding.layout import plan_layouts
-from yatrain.sharding.materialize import materialize_shards
-from yatrain.sharding.reduce import PieceReducer, StreamReducer, ThreadReducer
+from yatrain.sharding.shards import MasterShards
 from yatrain.sharding.sizes import PIECE_NUMEL, EngineBuffers, engine_buffers
 from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
+from yatrain.sharding.step_state import Phase, StepState
 from yatrain.sharding.timing import IntervalClock
 
 
-class ShardedEngine(GradientFinish, UnitSchedule):
+class ShardedEngine:
     """Owns the model's weights as flat shards and drives gathers and reductions via hooks.
 
     Build it with ``ShardedEngine.from_model``. The caller runs forward/backward as usual,
@@ -77,39 +85,103 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         self.replicas = self.replica_comm.world_size if self.replica_comm else 1
         self.world_size = self.shard_size * self.replicas
         self.direct = type(self.comm) is Communicator  # one process, no group: no buffers
-        # Exposed communication: the waits on gathers and reductions (timing.py), timed
-        # while a caller turns it on (train_step does, around its step).
-        self.waits = IntervalClock(self.device)
-        self.waits.active = False
-        for comm in (self.comm, self.replica_comm):
-            if comm is not None:
-                comm.clock = self.waits
+        self.waits = self._wait_clock()
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.prefetch_depth, self.piece_numel = prefetch_depth, piece_numel
         units, norms = list(model.units()), list(model.norm_modules())
         self.n_units = len(units)
         self.reads_weights = [backward_reads_weights(unit) for unit in units]
-
         self.layouts, self.small, self.n_norm_slots = plan_layouts(
             model, units, norms, self.shard_size
         )
-        # A tied unit (layout.borrows) uses its home unit's shard, gradient and state.
-        self.home = [i if lay.owns else lay.borrows for i, lay in enumerate(self.layouts)]
-        self.owned = [i for i, home in enumerate(self.home) if home == i]
         # Units gathered in float8 (float8.py); one process computes from its shard instead.
         self.float8 = None
         if float8 is not None and not self.direct:
             self.float8 = Float8Gathers(float8, self.layouts, self.rank, self.device)
-        self.gathered_bytes = [0] * self.n_units  # sent in each unit's gathers (benchmarks)
         self.plan = self.buffer_plan()
-        self._materialize(units, norms, init)
-        self._allocate_buffers()
-        self._reset_step_state()
-        self._grad_scale: float | None = None  # averaging left for clip_grad_norm_
-        self._norms = torch.empty(len(self.owned) + 1, device=self.device)  # per-shard norms
-        for index, unit in enumerate(units):
-            unit.register_forward_pre_hook(functools.partial(self._pre_forward, index))
-            unit.register_forward_hook(functools.partial(self._post_forward, index))
+        self._allocate(units, norms, init)
+        self.step_state = StepState(self.n_units)
+        self._compose(units)
+        self.gathered_bytes = self.gathers.gathered_bytes  # sent in each unit's gathers
+
+    def _allocate(self, units: list[nn.Module], norms: list[nn.Module], init: InitHooks) -> None:
+        """This rank's master shards (filled by ``init``) and the buffers ``self.plan``
+        names."""
+        bf16_copy = self.direct and self.param_dtype != torch.float32  # one process uses it
+        self.shards = MasterShards.build(
+            self.layouts,
+            self.small,
+            self.n_norm_slots,
+            units,
+            norms,
+            init,
+            device=self.device,
+            rank=self.rank,
+            compute_dtype=self.param_dtype if bf16_copy else None,
+        )
+        # A tied unit (layout.borrows) uses its home unit's shard, gradient and state.
+        self.home, self.owned = self.shards.home, self.shards.owned
+        self.buffers = WorkBuffers.allocate(
+            self.plan,
+            self.shards,
+            self.comm,
+            direct=self.direct,
+            device=self.device,
+            clock=self.waits,
+        )
+        # The parts under the names callers (tests, benchmarks) use; none is ever reassigned.
+        self.master, self.small_master = self.shards.master, self.shards.small_master
+        self.small_param = self.shards.small_param
+        self.buffer_of, self.slot_of = self.buffers.buffer_of, self.buffers.slot_of
+        self.small_buffer, self.reducer = self.buffers.small_buffer, self.buffers.reducer
+
+    def _wait_clock(self) -> IntervalClock:
+        """Exposed communication: the waits on gathers and reductions (timing.py), timed
+        while a caller turns it on (train_step does, around its step)."""
+        waits = IntervalClock(self.device)
+        waits.active = False
+        for comm in (self.comm, self.replica_comm):
+            if comm is not None:
+                comm.clock = waits
+        return waits
+
+    def _compose(self, units: list[nn.Module]) -> None:
+        """The gathers, the gradient routing, the hooks and the step's end, over this
+        engine's state and buffers."""
+        self.gathers = UnitGathers(
+            self.comm,
+            self.layouts,
+            self.shards.unit_master,
+            self.buffers.buffer_of,
+            reads_weights=self.reads_weights,
+            prefetch_depth=self.prefetch_depth,
+            float8=self.float8,
+        )
+        arrival = GradientArrival(
+            self.step_state, self.shards, self.buffers, self.replica_comm, direct=self.direct
+        )
+        self.hooks = UnitHooks(
+            self.step_state,
+            self.gathers,
+            arrival,
+            self.buffers,
+            self.shards,
+            self.comm,
+            self.small,
+            param_dtype=self.param_dtype,
+            direct=self.direct,
+        )
+        self.hooks.register(units)
+        self.finish = GradientFinish(
+            self.step_state,
+            self.shards,
+            self.buffers,
+            self.comm,
+            self.replica_comm,
+            world_size=self.world_size,
+            reduce_dtype=self.reduce_dtype,
+            direct=self.direct,
+        )
 
     @classmethod
     def from_model(
@@ -119,7 +191,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         device: torch.device | str,
         seed: int = 0,
         init: InitHooks | None = None,
-        **options,
+        **options: Any,
     ) -> ShardedEngine:
         """Shard a meta-device ``model``: each rank materialises one unit at a time, fills
         it (``init``, default: the model's own initialisation from ``seed``) and keeps only
@@ -150,117 +222,38 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         """Is ``unit`` gathered in float8?"""
         return self.float8 is not None and self.float8.gathers(unit)
 
-    # ------------------------------------------------------------------ construction
-    def _materialize(self, units, norms, init: InitHooks) -> None:
-        """Each rank's fp32 master shards, built one unit at a time (see materialize.py)."""
-        self.master, self.small_master, self.unit_offsets = materialize_shards(
-            self.layouts, self.small, self.n_norm_slots, units, norms,
-            init_unit=init.unit, init_norms=init.norms, device=self.device, rank=self.rank,
-        )  # fmt: skip
-        self.unit_master = self._unit_views(self.master)
-        # Parameters the optimizer sees: each unit's shard (a view of the flat master, with
-        # weight decay) and the small group's (without). Each unit's fp32 gradient shard is
-        # its own tensor, so it exists only once the unit has been reduced in a step.
-        self.unit_params = [nn.Parameter(view) for view in self.unit_master]
-        self.unit_params = [self.unit_params[home] for home in self.home]  # tied: one
-        self.small_param = nn.Parameter(self.small_master)
-        self.small_param.grad = torch.zeros_like(self.small_master)
-        # One process in bf16: the model computes from a bf16 copy of the whole shard.
-        self.compute = self.small_compute = None
-        if self.direct and self.param_dtype != torch.float32:
-            self.compute = self.master.to(self.param_dtype)
-            self.small_compute = self.small_master.to(self.param_dtype)
-
-    def _unit_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Each unit's shard inside a tensor laid out like the flat master."""
-        return [
-            flat.narrow(0, off, lay.shard_numel)
-            for off, lay in zip(self.unit_offsets, self.layouts, strict=True)
-        ]
-
-    def _allocate_buffers(self) -> None:
-        """Exactly what ``self.plan`` says; at world size 1 without a process group every
-        unit computes straight from its shard (or its bf16 copy)."""
-        plan, dev = self.plan, self.device
-        single = [layout.single_tensor for layout in self.layouts]
-        self.slot_of = grad_slots(single, plan, dev)
-        self.reducer: PieceReducer | None = None
-        if self.direct:
-            source = self.unit_master if self.compute is None else self._unit_views(self.compute)
-            self.buffer_of = [Buffer(view, owner=i, fixed=True) for i, view in enumerate(source)]
-            self.small_buffer = self.small_master if self.compute is None else self.small_compute
-        else:
-            self.buffer_of = gather_buffers(self.n_units, plan, dev)
-            self.small_buffer = plan.small_gather.empty(dev)
-            self.reducer = self._make_reducer()
-        # The small group's gradient accumulates over micro-batches in the parameter dtype
-        # (in place in its fp32 shard when that is what it is) and is reduced once.
-        spec = plan.small_grad
-        self.small_grad = spec.empty(dev).zero_() if spec.count else self.small_param.grad
-        self.small_out = plan.small_out.empty(dev) if plan.small_out.count else None
-
-    def _make_reducer(self) -> PieceReducer:
-        """The reduce-scatter pieces' staging and output buffers, and who issues them."""
-        plan, dev = self.plan, self.device
-        buffers = plan.staging.empty(dev), plan.reduce_out.empty(dev), plan.piece_numel
-        if isinstance(self.comm, CudaStreamCommunicator):
-            return StreamReducer(self.comm, *buffers)
-        reducer = ThreadReducer(self.comm.second_group(), *buffers)  # gloo: see reduce.py
-        reducer.clock = self.waits  # the helper thread's own waits are not exposed
-        return reducer
-
-    def _grad_shard(self, unit: int) -> torch.Tensor:
-        """Unit ``unit``'s fp32 gradient shard, allocated (not zeroed) at the unit's first
-        reduction in a step, which writes all of it; freed by ``after_step``."""
-        param = self.unit_params[unit]
-        if param.grad is None:
-            param.grad = torch.empty_like(param)
-        return param.grad
-
     # ------------------------------------------------------------------ the step
     def reduce_gradients(self) -> None:
         """Finish every reduction of this step. The averaging over ranks and micro-batches
         is left to ``clip_grad_norm_``, which does it in the same pass as the clipping:
         call it (``max_norm=0`` to only average) before ``optimizer.step()``."""
-        for index, state in enumerate(self.state):
-            if state != "done" and self.leaves[index]:
-                names = [s.name for s in self.layouts[index].slots]
-                raise RuntimeError(f"unit {index} ({names[0]}, ...) received no gradient")
-        if self.reducer is not None:
-            self.reducer.drain()
-        for param in self.unit_params:  # no backward at all this step
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        self._reduce_small()
-        self._reduce_replicas()
-        self._grad_scale = 1.0 / (self.world_size * max(self.micro_batches, 1))
+        self.finish.reduce_gradients()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Average the gradients (see ``reduce_gradients``) and return their exact global L2
+        norm across all shards (one all-reduce); clip to ``max_norm`` when it is > 0."""
+        return self.finish.clip_grad_norm_(max_norm)
+
+    def expect_micro_batches(self, count: int) -> None:
+        """This step runs ``count`` micro-batches: under hybrid sharding the last one's
+        reductions start the replicas' all-reduce as each lands, overlapping the rest of the
+        backward. Optional: without it the all-reduce waits for ``reduce_gradients``."""
+        self.step_state.expected_micro_batches = count
 
     def after_step(self) -> None:
         """Free the gradient shard, refresh a bf16 copy of the weights, mark buffers stale."""
-        if self._grad_scale is not None:
+        if self.step_state.grad_scale is not None:
             raise RuntimeError(
                 "reduce_gradients() leaves the averaging to clip_grad_norm_(), which was not "
                 "called before this step (call it with max_norm=0 to only average)"
             )
-        if self.compute is not None:
-            self.compute.copy_(self.master)
-            self.small_compute.copy_(self.small_master)
-        for param in self.unit_params:
-            param.grad = None
+        self.shards.after_step()
         if self.float8 is not None:
             self.float8.fresh = False  # new masters: new scales before the next gather
-        self.small_grad.zero_()
-        if self.small_grad is not self.small_param.grad:
-            self.small_param.grad.zero_()
-        for buf in self.buffer_of:
-            if not buf.fixed:
-                buf.owner = None
-        for slot in self.slot_of:
-            if slot is not None:
-                slot.job = None  # landed; it would keep the gradient shard alive
-        self._reset_step_state()
+        self.buffers.after_step(self.shards.small_grad)
+        self.step_state.reset()
 
-    def param_groups(self, weight_decay: float) -> list[dict]:
+    def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """Each unit's shard (decayed) and the small group's (norms, biases): one fused AdamW
         call over a handful of tensors."""
         return [
@@ -268,10 +261,16 @@ class ShardedEngine(GradientFinish, UnitSchedule):
             {"params": [self.small_param], "weight_decay": 0.0},
         ]
 
+    # ------------------------------------------------------------------ where the step is
     @property
     def owned_params(self) -> list[nn.Parameter]:
         """Each unit's shard once (a tied unit's is its home's)."""
-        return [self.unit_params[i] for i in self.owned]
+        return self.shards.owned_params
+
+    @property
+    def phase(self) -> Phase:
+        """idle, forward or backward (``StepState.phase``)."""
+        return self.step_state.phase
 
     # ------------------------------------------------------------------ saved state
     @property
@@ -287,7 +286,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         weights (AdamW: ``exp_avg``, ``exp_avg_sq``). Views, no copies: loading into them
         restores the engine."""
         params = [*self.owned_params, self.small_param]
-        groups = {"model": params}
+        groups: dict[str, list[torch.Tensor]] = {"model": list(params)}
         if optimizer is not None:
             first = optimizer.state[params[0]]
             for name, value in first.items():
@@ -299,7 +298,7 @@ class ShardedEngine(GradientFinish, UnitSchedule):
             for group, pieces in groups.items()
         }
 
-    def progress(self) -> dict:
+    def progress(self) -> dict[str, Any]:
         """Where this rank is in its step (read by a hang report, from another thread):
         phase, unit, micro-batch, the collectives it has entered and what it waits on."""
         comms = [self.comm, self.replica_comm]
@@ -308,8 +307,8 @@ class ShardedEngine(GradientFinish, UnitSchedule):
         blocked = self.waits.blocked
         return {
             "phase": self.phase,
-            "unit": self.unit,
-            "micro_batch": self.micro_batches,
+            "unit": self.step_state.unit,
+            "micro_batch": self.step_state.micro_batches,
             "collectives": sum(c.entered for c in comms if c is not None),
             "waiting_on": blocked,
             "waiting_s": time.monotonic() - self.waits.blocked_since if blocked else None,
@@ -336,8 +335,8 @@ class ShardedEngine(GradientFinish, UnitSchedule):
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter in fp32 on CPU, gathered one unit at a time (tests and export)."""
-        result = {}
-        pairs = [(self.layouts[i], self.unit_master[i]) for i in self.owned]
+        result: dict[str, torch.Tensor] = {}
+        pairs = [(self.layouts[i], self.shards.unit_master[i]) for i in self.owned]
         for layout, shard in [*pairs, (self.small, self.small_master)]:
             full = torch.empty(layout.padded_numel, dtype=torch.float32, device=self.device)
             self.comm.wait(self.comm.all_gather(full, shard))

@@ -13,7 +13,7 @@ tensors: every rank takes the amax of its pieces, and one all-reduce (MAX) of al
 per step, before the step's first fp8 gather, gives every rank the same scales. The masters
 change only in the optimizer step, so ``after_step`` marks the scales stale. The cast is the
 one torchao makes of the whole fp32 tensor, so a gathered weight equals bit for bit what one
-process casts (tests/test_float8_engine.py).
+process casts (tests/integration/test_float8.py).
 
 Gradients, their reduction, the masters and the optimizer are untouched: checkpoints are
 the same with and without float8. Single-process runs without a group compute from the
@@ -89,7 +89,9 @@ class Float8Gathers:
         return list(self.first_scale)
 
     @torch.no_grad()
-    def refresh(self, masters: Sequence[torch.Tensor], all_reduce_max) -> None:
+    def refresh(
+        self, masters: Sequence[torch.Tensor], all_reduce_max: Callable[[torch.Tensor], int]
+    ) -> None:
         """Every scale from the global amax of its tensor: one collective for all of them."""
         amax = torch.zeros_like(self.scales)
         for unit, pieces in self.pieces.items():

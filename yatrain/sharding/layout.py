@@ -15,6 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from yatrain.sharding.contract import ShardableModel
+
+# One parameter as found in the model: (qualified name, module, attribute, tensor).
+Entry = tuple[str, nn.Module, str, torch.Tensor]
+
 
 @dataclass(frozen=True)
 class ParamSlot:
@@ -47,7 +52,7 @@ class FlatLayout:
     @classmethod
     def from_params(
         cls,
-        named: list[tuple[str, nn.Module, str, torch.Tensor]],
+        named: list[Entry],
         world_size: int,
         borrows: int | None = None,
     ) -> FlatLayout:
@@ -93,7 +98,7 @@ def alias(buffer: torch.Tensor) -> torch.Tensor:
 
 
 def plan_layouts(
-    model: nn.Module, units: Sequence[nn.Module], norms: Sequence[nn.Module], world_size: int
+    model: ShardableModel, units: Sequence[nn.Module], norms: Sequence[nn.Module], world_size: int
 ) -> tuple[list[FlatLayout], FlatLayout, int]:
     """Unit layouts (weights of rank >= 2) and the small group: norms first, then any other
     1-D tensor (biases); also returns how many small-group slots belong to norms.
@@ -106,8 +111,9 @@ def plan_layouts(
         names.setdefault(id(param), name)  # a shared Parameter keeps its first name
     owner: dict[int, int] = {}  # parameter id -> the unit (or -1: the small group) holding it
 
-    def collect(module: nn.Module, skip: set[int], unit: int):
-        found, shared = [], []
+    def collect(module: nn.Module, skip: set[int], unit: int) -> tuple[list[Entry], list[Entry]]:
+        found: list[Entry] = []
+        shared: list[Entry] = []
         for sub in module.modules():
             for attr, param in sub.named_parameters(recurse=False):
                 if id(param) in skip:
@@ -121,7 +127,8 @@ def plan_layouts(
 
     small = [entry for norm in norms for entry in collect(norm, set(), -1)[0]]
     norm_ids = {id(entry[3]) for entry in small}
-    layouts, one_dim = [], []
+    layouts: list[FlatLayout] = []
+    one_dim: list[Entry] = []
     for index, unit in enumerate(units):
         params, shared = collect(unit, norm_ids, index)
         if shared:
@@ -135,7 +142,13 @@ def plan_layouts(
     return layouts, FlatLayout.from_params(small + one_dim, world_size), len(small)
 
 
-def _borrowed(layouts, params, shared, owner, world_size: int) -> FlatLayout:
+def _borrowed(
+    layouts: list[FlatLayout],
+    params: list[Entry],
+    shared: list[Entry],
+    owner: dict[int, int],
+    world_size: int,
+) -> FlatLayout:
     """The layout of a unit made only of an earlier unit's parameters, bound to its own
     modules; ValueError for any other sharing."""
     home = owner[id(shared[0][3])]

@@ -33,10 +33,14 @@ def materialize_shards(
     """(flat master of all unit shards, small-group master shard, each unit's offset).
 
     Afterwards the modules hold no parameters: the engine binds views before every use."""
-    offsets, total = [], 0
+    offsets: list[int] = []
+    total = 0
     for layout in layouts:  # a borrowed unit's shard is its home's
-        offsets.append(total if layout.owns else offsets[layout.borrows])
-        total += layout.shard_numel if layout.owns else 0
+        if layout.borrows is None:
+            offsets.append(total)
+            total += layout.shard_numel
+        else:
+            offsets.append(offsets[layout.borrows])
     master = torch.zeros(total, dtype=torch.float32, device=device)
     small_full = torch.zeros(small.padded_numel, device=device)
     norm_slots, other_small = small.slots[:n_norm_slots], small.slots[n_norm_slots:]
@@ -75,7 +79,7 @@ def _kept(slots: list[ParamSlot], start: int, end: int) -> dict[str, tuple[int, 
     return kept
 
 
-def _copy_slots(slots, dest: torch.Tensor, start: int, end: int) -> None:
+def _copy_slots(slots: list[ParamSlot], dest: torch.Tensor, start: int, end: int) -> None:
     """Copy the part of each materialised parameter that falls in [start, end) of the layout."""
     for slot in slots:
         tensor = getattr(slot.module, slot.attr, None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -68,30 +69,38 @@ class PieceReducer:
         self.clock: IntervalClock | None = None  # times the training thread's waits (gloo)
 
     def new_job(
-        self, source: torch.Tensor, numel: int, shard: torch.Tensor, previous: ReduceJob | None,
+        self,
+        source: torch.Tensor,
+        numel: int,
+        shard: torch.Tensor,
+        previous: ReduceJob | None,
         replica: Communicator | None = None,
-    ) -> ReduceJob:  # fmt: skip
+    ) -> ReduceJob:
         """``source`` (a unit's full gradient, ``numel`` real elements) into ``shard``,
         added to ``previous`` (the unit's reduction of an earlier micro-batch, if any), then
         all-reduced on ``replica`` when given."""
         accumulate = previous is not None
         if not accumulate and numel == shard.numel() * self.world and source.dtype == shard.dtype:
-            return ReduceJob(source, numel, shard, accumulate, pieces=1, direct=True,
-                             replica=replica)  # fmt: skip
+            return ReduceJob(
+                source, numel, shard, accumulate, pieces=1, direct=True, replica=replica
+            )
         pieces = -(-shard.numel() // self.piece)
         return ReduceJob(source, numel, shard, accumulate, pieces, replica=replica)
 
     def issue_piece(self, job: ReduceJob) -> Handle:
         """Issue ``job``'s next piece; the previous piece must be done with the staging."""
+        source = job.source
+        if source is None:
+            raise RuntimeError("a reduction's piece issued after its source was let go")
         if job.direct:
-            handle = self.comm.reduce_scatter(job.shard, job.source[: job.numel])
+            handle = self.comm.reduce_scatter(job.shard, source[: job.numel])
         else:
             column = job.issued * self.piece
             width = min(self.piece, job.shard.numel() - column)
             staging = self.staging[: self.world * width]
             target = job.shard.narrow(0, column, width)
             before = functools.partial(
-                _stage_piece, job.source, job.numel, job.shard.numel(), staging, column, width
+                _stage_piece, source, job.numel, job.shard.numel(), staging, column, width
             )
             if job.accumulate or self.out.dtype != target.dtype:
                 out = self.out[:width]
@@ -103,15 +112,47 @@ class PieceReducer:
         job.handles.append(handle)
         return handle
 
+    def submit(
+        self,
+        source: torch.Tensor,
+        numel: int,
+        shard: torch.Tensor,
+        previous: ReduceJob | None,
+        replica: Communicator | None = None,
+    ) -> ReduceJob:
+        """Start reducing ``source`` into ``shard`` (see ``new_job``)."""
+        raise NotImplementedError
+
+    def pump(self) -> None:
+        """Make progress without blocking (called from the hooks)."""
+        raise NotImplementedError
+
+    def release(self, job: ReduceJob | None) -> None:
+        """Wait until ``job`` no longer reads its source (its gradient buffer is free)."""
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        """Wait until every submitted job has landed in its shard."""
+        raise NotImplementedError
+
 
 class StreamReducer(PieceReducer):
     """CUDA: every piece is issued as soon as its job is submitted."""
 
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    def __init__(
+        self, comm: Communicator, staging: torch.Tensor, out: torch.Tensor, piece: int
+    ) -> None:
+        super().__init__(comm, staging, out, piece)
         self.pending: list[ReduceJob] = []
 
-    def submit(self, source, numel, shard, previous, replica=None) -> ReduceJob:
+    def submit(
+        self,
+        source: torch.Tensor,
+        numel: int,
+        shard: torch.Tensor,
+        previous: ReduceJob | None,
+        replica: Communicator | None = None,
+    ) -> ReduceJob:
         job = self.new_job(source, numel, shard, previous, replica)
         while not job.fully_issued:
             self.issue_piece(job)
@@ -144,15 +185,24 @@ class StreamReducer(PieceReducer):
 class ThreadReducer(PieceReducer):
     """gloo: a helper thread issues the pieces in order and waits for each (see above)."""
 
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    def __init__(
+        self, comm: Communicator, staging: torch.Tensor, out: torch.Tensor, piece: int
+    ) -> None:
+        super().__init__(comm, staging, out, piece)
         self.queue: deque[ReduceJob] = deque()
         self.cond = threading.Condition()
         self.busy = False  # the helper holds a job it has not finished
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
-    def submit(self, source, numel, shard, previous, replica=None) -> ReduceJob:
+    def submit(
+        self,
+        source: torch.Tensor,
+        numel: int,
+        shard: torch.Tensor,
+        previous: ReduceJob | None,
+        replica: Communicator | None = None,
+    ) -> ReduceJob:
         if previous is not None:  # gloo may finish collectives out of order: ours adds
             self._wait_for(lambda: previous.landed)
         job = self.new_job(source, numel, shard, previous, replica)
@@ -178,7 +228,7 @@ class ThreadReducer(PieceReducer):
         """Block until every submitted job has landed in its shard."""
         self._wait_for(lambda: not self.queue and not self.busy)
 
-    def _wait_for(self, ready) -> None:
+    def _wait_for(self, ready: Callable[[], bool]) -> None:
         clock = self.clock
         mark = clock.start("reduce-scatter") if clock is not None else None
         with self.cond:

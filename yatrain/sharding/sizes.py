@@ -151,24 +151,15 @@ def engine_buffers(
         raise ValueError("prefetch_depth, world_size and piece_numel must be at least 1")
     if direct and world_size != 1:
         raise ValueError("the direct path exists only at world size 1")
+    if direct:
+        return _direct_buffers(small_numel, param_dtype, reduce_dtype)
     p, r, w = param_dtype, reduce_dtype, world_size
     sizes = [padded(n, w) for n in unit_numels]
-    fp32 = p == torch.float32
     ring = prefetch_depth + 1
 
-    # Gradient buffers: units with several tensors, when there is something to reduce.
+    # Gradient buffers: units with several tensors.
     slot_units = [s for s, single in zip(sizes, single_tensor, strict=True) if not single]
-    if direct:
-        slot_units = []
     grad = BufferSpec(min(2, len(slot_units)), max(slot_units, default=0), p)
-    small_grad = _none(p) if direct and fp32 else BufferSpec(1, padded(small_numel, w), p)
-
-    if direct:
-        none = _none(p)
-        return EngineBuffers(
-            gather=none, edge_gather=none, grad=grad, staging=_none(r), reduce_out=_none(r),
-            small_gather=none, small_grad=small_grad, small_out=_none(r), piece_numel=0,
-        )  # fmt: skip
 
     gather, edge_gather = _gather_rotation(gather_numels(sizes, fp8_units, p), ring, p)
 
@@ -182,7 +173,24 @@ def engine_buffers(
         staging=BufferSpec(1, w * piece, r),
         reduce_out=BufferSpec(1, piece, r),
         small_gather=BufferSpec(1, small, p),
-        small_grad=small_grad,
+        small_grad=BufferSpec(1, small, p),
         small_out=_none(r) if r == torch.float32 else BufferSpec(1, small // w, r),
         piece_numel=piece,
+    )
+
+
+def _direct_buffers(small_numel: int, p: torch.dtype, r: torch.dtype) -> EngineBuffers:
+    """One process without a group: nothing to gather or reduce, so no buffers but the
+    norm group's gradient, accumulated apart from its fp32 shard when it is not fp32."""
+    none = _none(p)
+    return EngineBuffers(
+        gather=none,
+        edge_gather=none,
+        grad=none,
+        staging=_none(r),
+        reduce_out=_none(r),
+        small_gather=none,
+        small_grad=none if p == torch.float32 else BufferSpec(1, small_numel, p),
+        small_out=_none(r),
+        piece_numel=0,
     )

@@ -12,8 +12,12 @@ hang report reads from another thread.
 from __future__ import annotations
 
 import time
+from typing import TypeAlias
 
 import torch
+
+# Where an interval started: a CUDA timing event, a perf_counter reading, or None (inactive).
+Mark: TypeAlias = "torch.cuda.Event | float | None"
 
 
 class IntervalClock:
@@ -22,13 +26,13 @@ class IntervalClock:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.seconds = 0.0
-        self.pairs: list = []  # CUDA (start, end) events not read yet
+        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA, not read yet
         self.intervals = 0  # timed so far (overhead accounting)
         self.active = True  # the engine's waits: only inside ``train_step`` (not evaluation)
         self.blocked: str | None = None  # what the current interval waits on (CPU)
         self.blocked_since = 0.0
 
-    def start(self, what: str | None = None):
+    def start(self, what: str | None = None) -> Mark:
         """Open an interval waiting on ``what``; returns the mark ``stop`` takes (None while
         inactive: then only ``blocked`` is kept)."""
         self.blocked, self.blocked_since = what, time.monotonic()
@@ -40,17 +44,17 @@ class IntervalClock:
             return event
         return time.perf_counter()
 
-    def stop(self, mark) -> None:
+    def stop(self, mark: Mark) -> None:
         self.blocked = None
         if mark is None:
             return
         self.intervals += 1
-        if self.cuda:
+        if isinstance(mark, float):  # CPU
+            self.seconds += time.perf_counter() - mark
+        else:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.pairs.append((mark, end))
-        else:
-            self.seconds += time.perf_counter() - mark
 
     def take(self) -> float:
         """Seconds timed since the last ``take`` (CUDA: call after a synchronisation)."""
