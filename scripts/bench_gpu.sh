@@ -27,6 +27,12 @@
 #                 and compute capability >= 8.9; without them it says why in one line and skips.
 #                 Not in the default list (the three above fill one 10-minute command): run it
 #                 as `--sections pathcheck,float8`.
+# sanitizer (240) a few steps of a small model on the engine's CUDA stream path under
+#                 TORCH_CUDA_SANITIZER=1 (PyTorch's CUDA sanitizer: each kernel's reads and
+#                 writes per stream, checked against the events between streams): the
+#                 buffered path of pathcheck on one GPU, two ranks (bench.engine, yatrain)
+#                 with two or more. Prints whether the sanitizer reported a race. Not in the
+#                 default list; without a GPU it says so in one line and is skipped.
 #
 # A GPU machine may have its own torch and no torchao, and nothing can be downloaded there:
 # bring the wheel with the tree (`pip download torchao==0.18.0 --no-deps -d wheels` here),
@@ -50,8 +56,12 @@ if [ "${1:-}" = "--sections" ]; then
   shift 2
 fi
 
+wanted() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
     2>/dev/null; then
+  if wanted sanitizer; then echo "== sanitizer: skipped: no CUDA device"; fi
+  if [ "$SECTIONS" = sanitizer ]; then exit 0; fi
   echo "no CUDA device: this script needs a GPU"
   exit 1
 fi
@@ -66,8 +76,6 @@ PY
 SHAPE=(--device cuda --dtype bf16 --reduce-dtype fp32
   --dim 2048 --n-layers 16 --n-heads 16 --n-kv-heads 8 --ffn-dim 5632 --vocab 32000
   --seq-len 2048 --micro-batch 4 --accum 1 --ac-layers 0)
-
-wanted() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 
 # section NAME BUDGET_S COMMAND...: run it under its budget; 124 = stopped at the budget.
 section() {
@@ -117,5 +125,29 @@ PY
       --contenders yatrain-compile,yatrain-float8,fsdp2-compile,fsdp2-float8 \
       --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
   fi
+fi
+if wanted sanitizer; then
+  SMALL=(--device cuda --dtype bf16 --reduce-dtype fp32 --dim 256 --n-layers 2 --n-heads 4
+    --n-kv-heads 2 --ffn-dim 512 --vocab 2048 --seq-len 128 --micro-batch 2 --accum 2)
+  gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$gpus" -ge 2 ]; then
+    checked=(-m yatrain.bench.engine --world-size 2 --contenders yatrain --repeats 1)
+  else
+    checked=(-m yatrain.bench.pathcheck)  # its yatrain-pg: a one-rank NCCL group
+  fi
+  log=$(mktemp)
+  section sanitizer 240 env TORCH_CUDA_SANITIZER=1 "$PYTHON" "${checked[@]}" "${SMALL[@]}" \
+    "$@" --warmup 0 --steps 3 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if grep -q "CSAN detected" "$log"; then
+    echo "== sanitizer: a race was reported (CSAN, above)"
+    status=1
+  elif [ "$rc" -ne 0 ]; then
+    echo "== sanitizer: the run failed (rc $rc) without a race report"
+    status=1
+  else
+    echo "== sanitizer: no race reported ($gpus GPU(s))"
+  fi
+  rm -f "$log"
 fi
 exit "$status"
