@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite (and lint), on a fresh machine too: sets up .venv first.
+#   bash scripts/test.sh            lint, types, every test (what CI runs)
+#   bash scripts/test.sh --quick    lint, types, tests/unit only: the inner loop (< 2 minutes)
+# Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+QUICK=false
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=true
+  shift
+fi
 # hf: transformers, so the Hugging Face export test runs instead of being skipped;
 # tensorboard: the TensorBoard logger's test; browser: playwright for the HTML report's test;
 # float8: torchao, for train.float8's tests.
@@ -18,4 +26,10 @@ VENV=${YATRAIN_VENV:-.venv}
 "$VENV/bin/ruff" check yatrain tests scripts
 "$VENV/bin/ruff" format --check yatrain tests scripts
 "$VENV/bin/lint-imports"  # the package layering in pyproject.toml
+# The packages typed so far: the sharding engine and checkpoint storage, where a wrong shape
+# or a None slipping through corrupts state silently (the rest follows, a package at a time).
+"$VENV/bin/mypy" yatrain/sharding yatrain/checkpoint
+if $QUICK; then
+  exec "$VENV/bin/python" -m pytest tests/unit "$@"
+fi
 exec "$VENV/bin/python" -m pytest "$@"

@@ -11,14 +11,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Small-model overrides for the tiny recipe: seconds per run on a 2-core CPU.
 FAST = [
-    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-    "model.ffn_dim=160", "model.vocab_size=512", "model.max_seq_len=64",
-    "data.seq_len=32", "data.micro_batch_size=2", "data.global_batch_size=4",
-    "train.log_every=1", "logging.wandb.mode=disabled", "eval.every=0", "eval.at_end=false",
-]  # fmt: skip
+    "model.dim=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.ffn_dim=160",
+    "model.vocab_size=512",
+    "model.max_seq_len=64",
+    "data.seq_len=32",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=4",
+    "train.log_every=1",
+    "logging.wandb.mode=disabled",
+    "eval.every=0",
+    "eval.at_end=false",
+]
 
 # How far the memory planner may be from the live-tensor count of real engine steps
-# (relative). The planner's worst case in tests/test_plan.py is 2.9% (world 2, fp32, all
+# (relative). The planner's worst case in tests/integration/test_plan.py is 2.9% (world 2, fp32, all
 # layers checkpointed; the measurement is deterministic; 6.2% before issue 12's per-moment
 # gradient shards): 7% leaves a margin for other torch versions, and a 25% cut to the
 # per-layer SwiGLU activation term (step peak 7.3-12.1% off) still fails. Tests that

@@ -40,7 +40,7 @@ ENGINE_SHAPE = [
     *("--steps", "1", "--warmup", "1", "--threads", "1"),
 ]
 # Benchmarks whose smoke run is a test elsewhere (not repeated here: they are slow).
-COVERED_ELSEWHERE = {"float8": "tests/test_float8_run.py (the numerics benchmark test)"}
+COVERED_ELSEWHERE = {"float8": "tests/integration/test_float8_run.py (the numerics benchmark test)"}
 
 
 def table_rows(out: str, first: str) -> list[list[str]]:

@@ -180,9 +180,14 @@ def test_non_finite_loss_stops_without_checkpointing_the_bad_state(small_data, t
 def test_non_finite_steps_can_be_skipped_and_counted(small_data, tmp_path):
     run_dir = tmp_path / "run"
     summary = train(
-        small_data, run_dir, 6, "optim.lr=1.0e+6", "optim.warmup_steps=0",
-        "optim.grad_clip=0", "train.skip_nonfinite_steps=true",
-    )  # fmt: skip
+        small_data,
+        run_dir,
+        6,
+        "optim.lr=1.0e+6",
+        "optim.warmup_steps=0",
+        "optim.grad_clip=0",
+        "train.skip_nonfinite_steps=true",
+    )
     assert summary["steps"] == 6 and summary["skipped_steps"] > 0
 
 
@@ -281,9 +286,13 @@ def test_sigterm_saves_a_checkpoint_of_the_current_step(small_data, isolated_env
     run_dir, steps = tmp_path / "run", "400"
     args = _cli(f"--set=data.path={small_data}", "--run-dir", str(run_dir), "--steps", steps)
     proc = subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, env=isolated_env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=isolated_env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _wait_for(_step_reached(run_dir, 3), proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -302,19 +311,33 @@ def test_elastic_restart_after_a_killed_rank_matches_uninterrupted(
     common = [f"--set=data.path={small_data}", "--steps", steps]
     done = subprocess.run(
         [sys.executable, *_cli(*common, "--run-dir", str(reference))],
-        cwd=ROOT, env=isolated_env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=isolated_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     run_dir = tmp_path / "elastic"
     torchrun = [
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "--max-restarts", "1",
-    ]  # fmt: skip
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+    ]
     cmd = [sys.executable, *torchrun, *_cli(*common, "--run-dir", str(run_dir))[1:]]
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=isolated_env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        cmd,
+        cwd=ROOT,
+        env=isolated_env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         _wait_for(lambda: (run_dir / "checkpoints/step-10").exists(), proc, timeout=240)
         workers = subprocess.run(

@@ -35,8 +35,9 @@ def test_async_resume_is_bitwise_exact(small_data, uninterrupted, tmp_path):  # 
     torch.manual_seed(1)
     train(small_data, run_dir, 4, ASYNC)
     assert [p.name for p in ckpt.complete_checkpoints(run_dir / "checkpoints")] == [
-        "step-4", "step-2",
-    ]  # fmt: skip
+        "step-4",
+        "step-2",
+    ]
     torch.manual_seed(2)
     train(small_data, run_dir, 8, ASYNC)
     assert losses(run_dir) == uninterrupted
@@ -121,11 +122,27 @@ _checksum.HashingStream.write = _write
 
 
 def _cli(data, run_dir, steps: int) -> list[str]:
-    sets = [*FAST, f"data.path={data}", "data.global_batch_size=8", "checkpoint.keep=10",
-            "checkpoint.every=2", ASYNC]  # fmt: skip
-    return [sys.executable, "-m", "yatrain", "pretrain", "recipes/tiny.yaml",
-            *[f"--set={s}" for s in sets], "--run-dir", str(run_dir), "--steps", str(steps),
-            "--no-progress"]  # fmt: skip
+    sets = [
+        *FAST,
+        f"data.path={data}",
+        "data.global_batch_size=8",
+        "checkpoint.keep=10",
+        "checkpoint.every=2",
+        ASYNC,
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "yatrain",
+        "pretrain",
+        "recipes/tiny.yaml",
+        *[f"--set={s}" for s in sets],
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--no-progress",
+    ]
 
 
 def _no_warnings(stderr: str) -> None:
@@ -137,8 +154,14 @@ def test_the_last_save_on_sigterm_is_complete_before_exit(small_data, isolated_e
     the save of the stopped step takes longer than the rest of the exit."""
     run_dir = tmp_path / "run"
     env = inject(isolated_env, tmp_path / "inject", SLOW_WRITES)
-    proc = subprocess.Popen(_cli(small_data, run_dir, 400), env=env, cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        _cli(small_data, run_dir, 400),
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _wait_for(_step_reached(run_dir, 3), proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -158,13 +181,20 @@ def test_a_kill_during_the_write_leaves_the_previous_checkpoint_the_newest(
 ):
     run_dir, root = tmp_path / "run", tmp_path / "run/checkpoints"
     env = inject(isolated_env, tmp_path / "inject", KILL_DURING_WRITE.format(step=4))
-    killed = subprocess.run(_cli(small_data, run_dir, 8), env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=240)  # fmt: skip
+    killed = subprocess.run(
+        _cli(small_data, run_dir, 8), env=env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert ckpt.complete_checkpoints(root) == [root / "step-2"]
     assert (root / ".tmp-step-4").is_dir()
-    resumed = subprocess.run(_cli(small_data, run_dir, 8), env=isolated_env, cwd=ROOT,
-                             capture_output=True, text=True, timeout=240)  # fmt: skip
+    resumed = subprocess.run(
+        _cli(small_data, run_dir, 8),
+        env=isolated_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "removed 1 unfinished save(s) of an earlier run: .tmp-step-4" in resumed.stderr
     assert "resumed from" in resumed.stderr and "(step 2)" in resumed.stderr

@@ -39,15 +39,20 @@ from yatrain.train.setup import Checks
 def recipe(data: Path, *extra: str):
     return load_recipe(
         ROOT / "recipes/tiny.yaml",
-        [*FAST, f"data.path={data}", "data.global_batch_size=8", "checkpoint.keep=10",
-         "checkpoint.every=2", *extra],
-    )  # fmt: skip
+        [
+            *FAST,
+            f"data.path={data}",
+            "data.global_batch_size=8",
+            "checkpoint.keep=10",
+            "checkpoint.every=2",
+            *extra,
+        ],
+    )
 
 
 def train(data, run_dir, steps, *extra, resume="auto", checks=Checks()):
     cfg = recipe(data, *extra)
-    return pretrain(cfg, run_dir=run_dir, steps=steps, resume=resume, progress=False,
-                    checks=checks)  # fmt: skip
+    return pretrain(cfg, run_dir=run_dir, steps=steps, resume=resume, progress=False, checks=checks)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -194,8 +199,15 @@ def test_a_non_finite_update_is_never_saved(small_data, tmp_path, skip):
     """lr 1e39: the loss and gradient norm of step 1 are finite, its update is not."""
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingError, match="update at step 1 made weights non-finite") as error:
-        train(small_data, run_dir, 4, "optim.lr=1.0e+39", "optim.warmup_steps=0",
-              "checkpoint.every=1", f"train.skip_nonfinite_steps={skip}")  # fmt: skip
+        train(
+            small_data,
+            run_dir,
+            4,
+            "optim.lr=1.0e+39",
+            "optim.warmup_steps=0",
+            "checkpoint.every=1",
+            f"train.skip_nonfinite_steps={skip}",
+        )
     assert "last good checkpoint is none" in str(error.value)
     assert ckpt.complete_checkpoints(run_dir / "checkpoints") == []
 

@@ -12,16 +12,29 @@ import yaml
 from conftest import FAST, ROOT
 
 METRIC_KEYS = {
-    "step", "loss", "lr", "grad_norm", "tokens_seen", "step_time_s", "tokens_per_s",
-    "tokens_per_s_per_device", "tflops_per_device", "mfu", "peak_memory_bytes",
-}  # fmt: skip
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_seen",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "tflops_per_device",
+    "mfu",
+    "peak_memory_bytes",
+}
 
 
 def yatrain(*args: str, env: dict, cwd: Path = ROOT, timeout: float = 240):
     return subprocess.run(
         [sys.executable, "-m", "yatrain", *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def pretrain_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -59,13 +72,23 @@ def test_two_ranks_under_torchrun_match_one_process(small_data, isolated_env, tm
     assert result.returncode == 0, result.stderr
     double = tmp_path / "two"
     torchrun = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--standalone", "-m", "yatrain",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "yatrain",
+    ]
     result = subprocess.run(
         [*torchrun, *pretrain_args(small_data, double, "--steps", "4", "--no-progress")],
-        env=isolated_env, cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        env=isolated_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr
     one, two = read_metrics(single), read_metrics(double)
     assert len(one) == len(two) == 4

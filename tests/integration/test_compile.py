@@ -16,7 +16,7 @@ import torch
 import torch._dynamo.utils
 from conftest import FAST, ROOT
 from distributed import run_ranks
-from test_engine import CFG, batches, engine_for, max_rel, optimizer_for, train_sharded
+from engine_reference import CFG, batches, engine_for, max_rel, optimizer_for, train_sharded
 
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError

@@ -26,8 +26,9 @@ def _packed(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, list[list[
     """One window of documents [bos] text [eos] back to back, the first and last cut short
     as in a real window; also the full documents."""
     gen = torch.Generator().manual_seed(seed)
-    docs = [[BOS, *torch.randint(3, CFG.vocab_size, (n,), generator=gen).tolist(), EOS]
-            for n in lengths]  # fmt: skip
+    docs = [
+        [BOS, *torch.randint(3, CFG.vocab_size, (n,), generator=gen).tolist(), EOS] for n in lengths
+    ]
     stream = [t for d in docs for t in d]
     return torch.tensor([stream[3:-2]]), docs
 
@@ -75,9 +76,11 @@ def two_sources(small_data, tmp_path_factory) -> list[Path]:
     root = tmp_path_factory.mktemp("mix")
     prose = root / "prose.jsonl"
     prose.write_text(
-        "".join(json.dumps({"text": f"Paragraph {i}: " + "words and more words. " * 40}) + "\n"
-                for i in range(60))
-    )  # fmt: skip
+        "".join(
+            json.dumps({"text": f"Paragraph {i}: " + "words and more words. " * 40}) + "\n"
+            for i in range(60)
+        )
+    )
     prepare_data(root / "prose", [prose], tokenizer=small_data / "tokenizer.model", progress=False)
     return [small_data, root / "prose"]
 

@@ -52,11 +52,13 @@ def test_split_is_chosen_by_content_and_disjoint(small_data, tmp_path):
     tokenizer = small_data / "tokenizer.model"
     first, second = _documents(150, seed=1), _documents(150, seed=2)
     a, b = _jsonl(tmp_path / "a.jsonl", first), _jsonl(tmp_path / "b.jsonl", second)
-    one = prepare_data(tmp_path / "one", [a, b], tokenizer=tokenizer, workers=1,
-                       val_fraction=0.2, progress=False)  # fmt: skip
+    one = prepare_data(
+        tmp_path / "one", [a, b], tokenizer=tokenizer, workers=1, val_fraction=0.2, progress=False
+    )
     # Other workers and the files in the other order: the same documents are held out.
-    other = prepare_data(tmp_path / "other", [b, a], tokenizer=tokenizer, workers=2,
-                         val_fraction=0.2, progress=False)  # fmt: skip
+    other = prepare_data(
+        tmp_path / "other", [b, a], tokenizer=tokenizer, workers=2, val_fraction=0.2, progress=False
+    )
     tok = load_tokenizer(tokenizer)
     expect_val = {tuple(tok.encode(d)) for d in first + second if held_out(d, 0.2)}
     expect_train = {tuple(tok.encode(d)) for d in first + second if not held_out(d, 0.2)}
@@ -159,8 +161,9 @@ def test_a_short_directory_without_split_is_evaluated_whole(runs, small_data, tm
     pads)."""
     text = _jsonl(tmp_path / "t.jsonl", _documents(3, seed=3))
     data = tmp_path / "short"
-    prepare_data(data, [text], tokenizer=small_data / "tokenizer.model", val_fraction=0,
-                 progress=False)  # fmt: skip
+    prepare_data(
+        data, [text], tokenizer=small_data / "tokenizer.model", val_fraction=0, progress=False
+    )
     shards = TokenShards.open(data)
     windows = (shards.num_tokens - 1) // 32
     assert 1 <= windows < 12 and windows % 4  # short, and not whole micro-batches at world 2
@@ -176,8 +179,9 @@ def test_a_short_directory_without_split_is_evaluated_whole(runs, small_data, tm
 def test_start_up_refuses_what_it_cannot_evaluate(small_data, tmp_path):
     text = _jsonl(tmp_path / "t.jsonl", _documents(40, seed=4))
     bare = tmp_path / "bare"
-    prepare_data(bare, [text], tokenizer=small_data / "tokenizer.model", val_fraction=0,
-                 progress=False)  # fmt: skip
+    prepare_data(
+        bare, [text], tokenizer=small_data / "tokenizer.model", val_fraction=0, progress=False
+    )
     cases = [
         (["eval.every=5"], "data.path .* has no held-out validation split"),
         (["eval.at_end=true", f"data.val_path={bare}"], "is training data without a held-out"),
@@ -186,24 +190,41 @@ def test_start_up_refuses_what_it_cannot_evaluate(small_data, tmp_path):
         with pytest.raises(ConfigError, match=message):
             pretrain(recipe(bare, *extra), run_dir=tmp_path / "run", steps=1, progress=False)
     tiny = tmp_path / "tiny"
-    prepare_data(tiny, [_jsonl(tmp_path / "one.jsonl", ["x"])], val_fraction=0,
-                 tokenizer=small_data / "tokenizer.model", progress=False)  # fmt: skip
+    prepare_data(
+        tiny,
+        [_jsonl(tmp_path / "one.jsonl", ["x"])],
+        val_fraction=0,
+        tokenizer=small_data / "tokenizer.model",
+        progress=False,
+    )
     with pytest.raises(DataError, match="fewer than one window of 32\\+1"):
-        pretrain(recipe(small_data, "eval.every=1", f"data.val_path={tiny}"),
-                 run_dir=tmp_path / "run", steps=1, progress=False)  # fmt: skip
+        pretrain(
+            recipe(small_data, "eval.every=1", f"data.val_path={tiny}"),
+            run_dir=tmp_path / "run",
+            steps=1,
+            progress=False,
+        )
     assert not (tmp_path / "run").exists()  # refused before any step, nothing written
 
 
 def test_a_mixture_is_evaluated_source_by_source(small_data, tmp_path):
     prose = _jsonl(tmp_path / "p.jsonl", _documents(120, seed=5))
     second = tmp_path / "prose"
-    prepare_data(second, [prose], tokenizer=small_data / "tokenizer.model", val_fraction=0.3,
-                 progress=False)  # fmt: skip
+    prepare_data(
+        second, [prose], tokenizer=small_data / "tokenizer.model", val_fraction=0.3, progress=False
+    )
     listed = f"[{{path: {small_data}, weight: 3}}, {{path: {second}, weight: 1, name: words}}]"
-    cfg = load_recipe(ROOT / "recipes/tiny.yaml", [
-        *FAST, "data.path=null", f"data.sources={listed}", "data.document_mask=true",
-        "eval.every=1", "eval.batches=1",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        ROOT / "recipes/tiny.yaml",
+        [
+            *FAST,
+            "data.path=null",
+            f"data.sources={listed}",
+            "data.document_mask=true",
+            "eval.every=1",
+            "eval.batches=1",
+        ],
+    )
     summary = pretrain(cfg, run_dir=tmp_path / "run", steps=2, progress=False)
     record = metrics(tmp_path / "run")[2]
     code, words = record["val_loss/stdlib-small"], record["val_loss/words"]
@@ -213,13 +234,30 @@ def test_a_mixture_is_evaluated_source_by_source(small_data, tmp_path):
 
 
 def test_records_console_and_summary_carry_the_evaluation():
-    base = dict(step=5, loss=2.0, lr=1e-3, grad_norm=1.0, tokens_seen=10, step_time_s=0.1,
-                tokens_per_s=1.0, tokens_per_s_per_device=1.0, tflops_per_device=0.0, mfu=0.1,
-                peak_memory_bytes=None, data_wait_frac=0.0, comm_bytes_sent=0,
-                skipped_steps=0)  # fmt: skip
+    base = dict(
+        step=5,
+        loss=2.0,
+        lr=1e-3,
+        grad_norm=1.0,
+        tokens_seen=10,
+        step_time_s=0.1,
+        tokens_per_s=1.0,
+        tokens_per_s_per_device=1.0,
+        tflops_per_device=0.0,
+        mfu=0.1,
+        peak_memory_bytes=None,
+        data_wait_frac=0.0,
+        comm_bytes_sent=0,
+        skipped_steps=0,
+    )
     plain = MetricsRecord(**base)
-    val = MetricsRecord(**base, val_loss=1.5, val_ppl=math.exp(1.5), val_tokens=64,
-                        val_sources={"web": 1.25, "code": 2.25})  # fmt: skip
+    val = MetricsRecord(
+        **base,
+        val_loss=1.5,
+        val_ppl=math.exp(1.5),
+        val_tokens=64,
+        val_sources={"web": 1.25, "code": 2.25},
+    )
     as_json = val.to_json()
     assert as_json["val_loss/web"] == 1.25 and "val_sources" not in as_json
     assert "val_loss" not in plain.to_json()

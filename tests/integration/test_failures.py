@@ -27,14 +27,25 @@ from yatrain.train.rundir import default_run_dir
 def yatrain(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "yatrain", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def pretrain_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
     sets = [f"--set={s}" for s in [*FAST, f"data.path={data}"]]
-    return ["pretrain", "recipes/tiny.yaml", *sets, "--run-dir", str(run_dir), "--no-progress",
-            *extra]  # fmt: skip
+    return [
+        "pretrain",
+        "recipes/tiny.yaml",
+        *sets,
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
@@ -96,8 +107,9 @@ def test_export_to_a_file_and_init_from_without_safetensors(small_data, isolated
     target = tmp_path / "taken"
     target.write_text("x")
     checkpoint = str(run_dir / "checkpoints/step-2")
-    one_line_error(yatrain("export", checkpoint, "--output", str(target), env=isolated_env),
-                   "is a file")  # fmt: skip
+    one_line_error(
+        yatrain("export", checkpoint, "--output", str(target), env=isolated_env), "is a file"
+    )
     hf = tmp_path / "hf"
     assert yatrain("export", checkpoint, "--output", str(hf), env=isolated_env).returncode == 0
     for weights in hf.glob("model*.safetensors*"):
@@ -128,8 +140,13 @@ def test_token_ids_outside_the_vocabulary_are_refused_when_data_is_opened(
 def test_one_run_per_directory(small_data, isolated_env, tmp_path):
     run_dir = tmp_path / "run"
     args = pretrain_args(small_data, run_dir, "--steps", "2000", "--set=checkpoint.every=5")
-    first = subprocess.Popen([sys.executable, "-m", "yatrain", *args], cwd=ROOT,
-                             env=isolated_env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    first = subprocess.Popen(
+        [sys.executable, "-m", "yatrain", *args],
+        cwd=ROOT,
+        env=isolated_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 120
@@ -159,18 +176,40 @@ def test_disk_full_during_a_save_is_one_line(small_data, isolated_env, tmp_path,
     raised at the next save, and nothing of that one is started."""
     env = inject(isolated_env, tmp_path / "inject", DISK_FULL.format(step=4))
     run_dir = tmp_path / "run"
-    args = pretrain_args(small_data, run_dir, "--steps", "6", "--set=checkpoint.every=2",
-                         f"--set=checkpoint.async={background}")  # fmt: skip
+    args = pretrain_args(
+        small_data,
+        run_dir,
+        "--steps",
+        "6",
+        "--set=checkpoint.every=2",
+        f"--set=checkpoint.async={background}",
+    )
     one_line_error(yatrain(*args, env=env), "could not save checkpoint", "No space left")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2"]
 
 
 def torchrun(args: list[str], env: dict, logs: Path, nproc: int = 2) -> subprocess.CompletedProcess:
     """An ``nproc``-rank torchrun job whose ranks' output goes to files under ``logs``."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                str(nproc), "--log-dir", str(logs), "--redirects", "3"]  # fmt: skip
-    return subprocess.run([*launcher, "-m", "yatrain", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--log-dir",
+        str(logs),
+        "--redirects",
+        "3",
+    ]
+    return subprocess.run(
+        [*launcher, "-m", "yatrain", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def rank_stderr(logs: Path, rank: int) -> str:
@@ -178,14 +217,17 @@ def rank_stderr(logs: Path, rank: int) -> str:
     return path.read_text()
 
 
-@pytest.mark.parametrize("fault,needle", [(DIE, "lost contact with another rank at step 3"),
-                                          (HANG, "step 3 has made no progress")])  # fmt: skip
+@pytest.mark.parametrize(
+    "fault,needle",
+    [(DIE, "lost contact with another rank at step 3"), (HANG, "step 3 has made no progress")],
+)
 def test_a_lost_or_hung_peer_ends_rank_0_with_one_line(
     small_data, isolated_env, tmp_path, fault, needle
 ):
     env = inject(isolated_env, tmp_path / "inject", at_step(rank=1, step=3, action=fault))
-    args = pretrain_args(small_data, tmp_path / "run", "--steps", "50",
-                         "--set=train.collective_timeout_s=3")  # fmt: skip
+    args = pretrain_args(
+        small_data, tmp_path / "run", "--steps", "50", "--set=train.collective_timeout_s=3"
+    )
     start = time.monotonic()
     result = torchrun(args, env, tmp_path / "logs")
     assert result.returncode != 0 and time.monotonic() - start < 120
@@ -197,8 +239,10 @@ def test_a_lost_or_hung_peer_ends_rank_0_with_one_line(
 
 
 def test_machine_failures_are_explained_and_bugs_are_not():
-    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
-                       "memory: you tried to allocate 68719476736 bytes.")  # fmt: skip
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 68719476736 bytes."
+    )
     for error in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB"), cpu):
         explained = explain(error, "at step 3")
         assert explained is not None and str(explained).startswith("out of memory at step 3")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT
 from distributed import run_ranks
-from test_engine import (
+from engine_reference import (
     CFG,
     SEED,
     batches,
@@ -97,9 +97,12 @@ def test_a_float8_gather_equals_the_one_process_cast_bit_for_bit():
 def _gather_bytes(rank, world, float8):
     model = build_model(CFG)
     engine = ShardedEngine.from_model(
-        model, device="cpu", seed=SEED, param_dtype=torch.bfloat16,
+        model,
+        device="cpu",
+        seed=SEED,
+        param_dtype=torch.bfloat16,
         float8=apply_float8(model, float8),
-    )  # fmt: skip
+    )
     opt = optimizer_for(engine.param_groups(0.1))
     for tokens in batches(8, steps=2):
         _step(model, engine, opt, tokens, rank)

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo.utils
 from conftest import FAST, ROOT
 from distributed import run_ranks
-from test_engine import (
+from engine_reference import (
     CFG,
     SEED,
     batches,

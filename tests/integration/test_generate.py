@@ -26,8 +26,9 @@ GREEDY = Sampling(temperature=0)
 def checkpoint(small_data, tmp_path_factory) -> Path:
     """A few training steps, so the model prefers some tokens to others."""
     run_dir = tmp_path_factory.mktemp("gen") / "run"
-    cfg = load_recipe(ROOT / "recipes/tiny.yaml", [*FAST, f"data.path={small_data}",
-                                                   "eval.at_end=true"])  # fmt: skip
+    cfg = load_recipe(
+        ROOT / "recipes/tiny.yaml", [*FAST, f"data.path={small_data}", "eval.at_end=true"]
+    )
     pretrain(cfg, run_dir=run_dir, steps=6, progress=False)
     return run_dir / "checkpoints/step-6"
 
@@ -80,8 +81,9 @@ def test_sampling_is_seeded_and_its_cuts_behave(model):
     assert sample(3, top_k=1)[0] == greedy  # one candidate left: the argmax
     assert sample(3, top_p=1e-6)[0] == greedy  # the likeliest token alone reaches p
     logits = torch.tensor([0.0, 5.0, 4.0, -1.0])
-    picks = {choose(logits, Sampling(1.0, top_k=2), torch.Generator().manual_seed(s))
-             for s in range(50)}  # fmt: skip
+    picks = {
+        choose(logits, Sampling(1.0, top_k=2), torch.Generator().manual_seed(s)) for s in range(50)
+    }
     assert picks == {1, 2}
     assert choose(logits, GREEDY, None, vocab_limit=1) == 0  # ids the tokenizer lacks: never
 
@@ -108,8 +110,9 @@ def test_generate_text_encodes_with_the_checkpoints_tokenizer(checkpoint):
 
 def yatrain(*args: str, env: dict, launcher: list[str] | None = None):
     command = launcher or [sys.executable, "-m"]
-    return subprocess.run([*command, "yatrain", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+    return subprocess.run(
+        [*command, "yatrain", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
 
 
 def test_eval_and_generate_commands(checkpoint, isolated_env):
@@ -123,8 +126,18 @@ def test_eval_and_generate_commands(checkpoint, isolated_env):
         assert result["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-6, abs=0)
         assert result.keys() >= {"val_loss", "val_ppl", "val_tokens", "step"}
         assert "Warning" not in done.stderr
-    done = yatrain("generate", str(checkpoint), "--prompt", "import os", "--temperature", "0",
-                   "--max-new-tokens", "5", "--json", env=isolated_env)  # fmt: skip
+    done = yatrain(
+        "generate",
+        str(checkpoint),
+        "--prompt",
+        "import os",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "5",
+        "--json",
+        env=isolated_env,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert len(result["new_ids"]) == 5 and result.keys() >= {"prompt_ids", "new_ids", "text"}

@@ -38,11 +38,17 @@ def save_hf_model(cfg, folder: Path, **extra) -> object:
     transformers = transformers_module()
     m = cfg.model
     config = transformers.LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=m.ffn_dim,
-        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
-        num_key_value_heads=m.n_kv_heads, max_position_embeddings=m.max_seq_len,
-        rope_theta=m.rope_theta, rms_norm_eps=m.norm_eps, **extra,
-    )  # fmt: skip
+        vocab_size=m.vocab_size,
+        hidden_size=m.dim,
+        intermediate_size=m.ffn_dim,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.n_kv_heads,
+        max_position_embeddings=m.max_seq_len,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.norm_eps,
+        **extra,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(folder, safe_serialization=True)
@@ -79,20 +85,33 @@ def test_tied_embeddings_stay_tied(cfg, tmp_path):
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-         'model.rope_scaling null vs {"factor": 8.0'),
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-         "rope_type llama3 without low_freq_factor, high_freq_factor, original_max_position"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}},
-         "rotary scaling rope_type 'yarn' (yatrain reads only llama3"),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                }
+            },
+            'model.rope_scaling null vs {"factor": 8.0',
+        ),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            "rope_type llama3 without low_freq_factor, high_freq_factor, original_max_position",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}},
+            "rotary scaling rope_type 'yarn' (yatrain reads only llama3",
+        ),
         ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
         ({"attention_bias": True}, "bias terms"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"rope_theta": 10000.0, "rope_parameters": None}, "model.rope_theta 500000.0 vs 10000.0"),
         ({"hidden_size": "64"}, "hidden_size is '64', not a whole number"),
     ],
-)  # fmt: skip
+)
 def test_configs_we_cannot_honour_are_refused(cfg, tmp_path, change, message):
     save_hf_model(cfg, tmp_path / "hf")
     path = tmp_path / "hf/config.json"

@@ -203,9 +203,14 @@ def test_output_identical_for_any_worker_count(model, tmp_path, monkeypatch):
     for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
         manifests[workers] = prepare_data(
-            out, [data], tokenizer=model, workers=workers, shard_tokens=1500, progress=False,
+            out,
+            [data],
+            tokenizer=model,
+            workers=workers,
+            shard_tokens=1500,
+            progress=False,
             val_fraction=0.25,
-        )  # fmt: skip
+        )
     assert manifests[1] == manifests[2] == manifests[3]
     assert len(manifests[1]["files"]) > 3 and len(manifests[1]["validation"]["files"]) > 1
     assert _shard_bytes(tmp_path / "w1") == _shard_bytes(tmp_path / "w2")

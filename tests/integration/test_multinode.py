@@ -23,14 +23,17 @@ LOSS_TOLERANCE, NORM_TOLERANCE = 1e-5, 1e-4
 
 
 def launcher(ranks: int, *options: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-            *options]  # fmt: skip
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), *options]
 
 
 def run_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
     sets = ["--set=data.global_batch_size=8", *(f"--set={s}" for s in extra)]
-    return ["-m", "yatrain", *pretrain_args(data, run_dir, "--steps", str(STEPS), *sets),
-            "--no-progress"]  # fmt: skip
+    return [
+        "-m",
+        "yatrain",
+        *pretrain_args(data, run_dir, "--steps", str(STEPS), *sets),
+        "--no-progress",
+    ]
 
 
 def two_nodes(data: Path, run_dir: Path, env: dict, logs: Path) -> list[subprocess.Popen]:
@@ -40,13 +43,29 @@ def two_nodes(data: Path, run_dir: Path, env: dict, logs: Path) -> list[subproce
     port = free_port()
     procs = []
     for node in (0, 1):
-        rdzv = ["--nnodes", "2", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "yatrain-test",
-                "--rdzv-conf", f"is_host={int(node == 0)}"]  # fmt: skip
+        rdzv = [
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "yatrain-test",
+            "--rdzv-conf",
+            f"is_host={int(node == 0)}",
+        ]
         args = run_args(data, run_dir, "sharding.shard_group_size=auto")
         out = (logs / f"node{node}.log").open("w")
-        procs.append(subprocess.Popen([*launcher(2, *rdzv), *args], env=env, cwd=ROOT,
-                                      stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [*launcher(2, *rdzv), *args],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
     return procs
 
 
@@ -56,8 +75,12 @@ def test_two_torchrun_nodes_with_hybrid_sharding_match_one_node(small_data, isol
     nodes = two_nodes(small_data, tmp_path / "hybrid", isolated_env, logs)
     single = subprocess.run(
         [*launcher(4, "--standalone"), *run_args(small_data, tmp_path / "full")],
-        env=isolated_env, cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        env=isolated_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     codes = [proc.wait(timeout=240) for proc in nodes]
     output = "".join((logs / f"node{n}.log").read_text() for n in (0, 1))
     assert codes == [0, 0], output[-4000:]

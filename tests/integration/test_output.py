@@ -20,12 +20,24 @@ from yatrain.train.loop import pretrain
 def test_a_normal_run_resume_and_export_print_no_warning(small_data, isolated_env, tmp_path):
     run_dir = tmp_path / "run"
     commands = [
-        pretrain_args(small_data, run_dir, "--steps", "4", "--set=checkpoint.every=2",
-                      "--set=logging.wandb.mode=offline"),
-        pretrain_args(small_data, run_dir, "--steps", "6", "--set=checkpoint.every=2",
-                      "--set=logging.wandb.mode=offline"),  # resumes from step-4
+        pretrain_args(
+            small_data,
+            run_dir,
+            "--steps",
+            "4",
+            "--set=checkpoint.every=2",
+            "--set=logging.wandb.mode=offline",
+        ),
+        pretrain_args(
+            small_data,
+            run_dir,
+            "--steps",
+            "6",
+            "--set=checkpoint.every=2",
+            "--set=logging.wandb.mode=offline",
+        ),  # resumes from step-4
         ["export", str(run_dir / "checkpoints/step-6"), "--output", str(tmp_path / "hf")],
-    ]  # fmt: skip
+    ]
     for args in commands:
         result = yatrain(*args, env=isolated_env)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -57,8 +69,9 @@ def test_wandb_auto_with_a_key_and_no_network_goes_offline_in_seconds(
     small_data, isolated_env, tmp_path
 ):
     env = {**isolated_env, "WANDB_API_KEY": "0" * 40}  # this machine has no network
-    args = pretrain_args(small_data, tmp_path / "run", "--steps", "2",
-                         "--set=logging.wandb.mode=auto")  # fmt: skip
+    args = pretrain_args(
+        small_data, tmp_path / "run", "--steps", "2", "--set=logging.wandb.mode=auto"
+    )
     start = time.monotonic()
     result = yatrain(*args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -66,8 +79,12 @@ def test_wandb_auto_with_a_key_and_no_network_goes_offline_in_seconds(
     assert "is unreachable" in result.stderr and "logging offline instead" in result.stderr
     assert list((tmp_path / "run/wandb").glob("offline-run-*"))
     env["WANDB_MODE"] = "offline"  # respected: no network attempt at all
-    result = yatrain(*pretrain_args(small_data, tmp_path / "run2", "--steps", "1",
-                                    "--set=logging.wandb.mode=auto"), env=env)  # fmt: skip
+    result = yatrain(
+        *pretrain_args(
+            small_data, tmp_path / "run2", "--steps", "1", "--set=logging.wandb.mode=auto"
+        ),
+        env=env,
+    )
     assert result.returncode == 0 and "unreachable" not in result.stderr, result.stderr
     assert "wandb offline" in result.stderr and list((tmp_path / "run2/wandb").glob("offline-*"))
 
@@ -99,9 +116,14 @@ def test_sweep_measures_tensors_and_agrees_with_the_planner(small_data, tmp_path
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = run_sweep(
-        ROOT / "recipes/tiny.yaml", [128], steps=3, warmup=2, output=tmp_path / "sweep",
-        overrides=[f"data.path={small_data}", "logging.wandb.mode=disabled"], echo=lambda _: None,
-    )  # fmt: skip
+        ROOT / "recipes/tiny.yaml",
+        [128],
+        steps=3,
+        warmup=2,
+        output=tmp_path / "sweep",
+        overrides=[f"data.path={small_data}", "logging.wandb.mode=disabled"],
+        echo=lambda _: None,
+    )
     (row,) = result.rows
     assert row["status"] == "ok", row
     measured, planned = row["peak_tensor_bytes"], row["predicted_peak_bytes"]

@@ -38,14 +38,20 @@ def recipe(name: str, *overrides: str):
 
 
 def small_recipe(dtype: str, layers: int, seq: int = 64, micro: int = 2):
-    return recipe_from_dict({
-        "model": {**SMALL, "max_seq_len": seq},
-        "data": {"path": "unused", "seq_len": seq, "micro_batch_size": micro,
-                 "global_batch_size": micro},
-        "train": {"steps": 3, "dtype": dtype},
-        "optim": {"lr": 1e-3},
-        "sharding": {"activation_checkpoint_layers": layers},
-    })  # fmt: skip
+    return recipe_from_dict(
+        {
+            "model": {**SMALL, "max_seq_len": seq},
+            "data": {
+                "path": "unused",
+                "seq_len": seq,
+                "micro_batch_size": micro,
+                "global_batch_size": micro,
+            },
+            "train": {"steps": 3, "dtype": dtype},
+            "optim": {"lr": 1e-3},
+            "sharding": {"activation_checkpoint_layers": layers},
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -122,8 +128,13 @@ def test_on_paper_targets_of_issue_12():
     """80 GB GPUs, one sequence per GPU, bf16 weights, fp32 reduce (the YaFSDP setup)."""
 
     def plan(name, gpus, seq):
-        r = recipe(name, f"data.seq_len={seq}", f"model.max_seq_len={seq}",
-                   "data.micro_batch_size=1", f"data.global_batch_size={gpus}")  # fmt: skip
+        r = recipe(
+            name,
+            f"data.seq_len={seq}",
+            f"model.max_seq_len={seq}",
+            "data.micro_batch_size=1",
+            f"data.global_batch_size={gpus}",
+        )
         return plan_memory(r, gpus, 80 * GIB)
 
     llama3_70b = plan("llama3_70b", 256, 2048)
@@ -188,10 +199,12 @@ def _measure(rank, world, rec, group=None):
     with LiveTensorTracker() as mem:
         model = build_model(m, rec.sharding.activation_checkpoint_layers)
         engine = ShardedEngine.from_model(
-            model, device="cpu", param_dtype=DTYPES[rec.train.dtype],
+            model,
+            device="cpu",
+            param_dtype=DTYPES[rec.train.dtype],
             reduce_dtype=DTYPES[rec.sharding.reduce_dtype],
             mesh=hybrid_mesh("cpu", group) if group else None,
-        )  # fmt: skip
+        )
         optimizer = build_optimizer(engine.param_groups(0.1), rec.optim)
         for step in tokens:  # the loop's step
             inputs, targets = step[:, :-1].contiguous(), step[:, 1:].contiguous()
@@ -235,8 +248,13 @@ def test_planner_matches_measured_memory_under_hybrid_sharding(dtype):
 def planned(rec, world: int, layers: int) -> tuple[int, int, int]:
     """The planner's (resident, step peak above it, tensor peak), no runtime allowance."""
     plan = plan_for_layers(rec, world, layers, None, 0)
-    step_parts = ("activations", "logits_and_loss", "head_gradient", "backward_workspace",
-                  "gradients")  # fmt: skip
+    step_parts = (
+        "activations",
+        "logits_and_loss",
+        "head_gradient",
+        "backward_workspace",
+        "gradients",
+    )
     step = sum(plan.breakdown[k] for k in step_parts)
     return plan.tensor_peak_bytes - step, step, plan.tensor_peak_bytes
 
@@ -272,8 +290,18 @@ def test_plan_command_text_and_json():
 def test_plan_command_compares_full_and_hybrid_sharding():
     """--shard-group-size 8 at 256 GPUs: state over 8 GPUs, and the per-step bytes of both
     layouts (docs/planner.md holds this table for Llama 3 70B)."""
-    args = ["plan", str(ROOT / "recipes/llama3_70b.yaml"), "--gpus", "256", "--gpu-memory", "80",
-            "--set", "data.seq_len=2048", "--set", "data.micro_batch_size=1"]  # fmt: skip
+    args = [
+        "plan",
+        str(ROOT / "recipes/llama3_70b.yaml"),
+        "--gpus",
+        "256",
+        "--gpu-memory",
+        "80",
+        "--set",
+        "data.seq_len=2048",
+        "--set",
+        "data.micro_batch_size=1",
+    ]
     text = CliRunner().invoke(app, [*args, "--shard-group-size", "8"])
     assert text.exit_code == 0, text.output
     assert "256 GPUs as 32 replicas of shard groups of 8" in text.output
@@ -291,11 +319,13 @@ def test_plan_command_compares_full_and_hybrid_sharding():
     assert 0 < sent["cross"] < sent["intra"] < full["traffic"]["full"]["intra"]
     for value, message in [("3", r"does not divide the world size \(256\)"), ("auto", "pass")]:
         with pytest.raises(ConfigError, match=message):
-            CliRunner().invoke(app, [*args, "--set", f"sharding.shard_group_size={value}"],
-                               catch_exceptions=False)  # fmt: skip
+            CliRunner().invoke(
+                app, [*args, "--set", f"sharding.shard_group_size={value}"], catch_exceptions=False
+            )
 
 
-if __name__ == "__main__":  # python tests/test_plan.py: the accuracy table in docs/planner.md
+# python tests/integration/test_plan.py: the accuracy table in docs/planner.md
+if __name__ == "__main__":
     with LiveTensorTracker():  # as _warm_tracker: import torch._dynamo before forking
         torch.zeros(1) + 1
     print(

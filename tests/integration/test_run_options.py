@@ -14,9 +14,16 @@ from yatrain.train.loop import pretrain
 
 
 def run(data: Path, run_dir: Path, steps: int, *extra: str) -> list[float]:
-    recipe = load_recipe(ROOT / "recipes/tiny.yaml", [
-        *FAST, f"data.path={data}", "checkpoint.enabled=false", "train.dtype=fp32", *extra,
-    ])  # fmt: skip
+    recipe = load_recipe(
+        ROOT / "recipes/tiny.yaml",
+        [
+            *FAST,
+            f"data.path={data}",
+            "checkpoint.enabled=false",
+            "train.dtype=fp32",
+            *extra,
+        ],
+    )
     pretrain(recipe, run_dir=run_dir, steps=steps, progress=False)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines]

@@ -19,9 +19,13 @@ def fake_slurm(tmp_path, **env: str) -> subprocess.CompletedProcess:
     (bin_dir / "srun").write_text('#!/bin/sh\necho "$@"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    slurm = {"SLURM_JOB_NODELIST": "gpu-a[17-18],gpu-b02", "SLURM_NNODES": "3",
-             "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "llama70b",
-             "SLURM_GPUS_ON_NODE": "8"}  # fmt: skip
+    slurm = {
+        "SLURM_JOB_NODELIST": "gpu-a[17-18],gpu-b02",
+        "SLURM_NNODES": "3",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "llama70b",
+        "SLURM_GPUS_ON_NODE": "8",
+    }
     full_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **slurm, **env}
     args = ["bash", str(SCRIPT), "recipes/llama3_70b.yaml", "--set", "data.path=/shared/web"]
     return subprocess.run(args, env=full_env, cwd=ROOT, capture_output=True, text=True)
@@ -31,9 +35,20 @@ def test_sbatch_script_rendezvous_comes_from_the_allocation(tmp_path):
     result = fake_slurm(tmp_path)
     assert result.returncode == 0, result.stderr
     command = result.stdout.split()
-    want = ["--nnodes", "3", "--nproc-per-node", "8",
-            "--rdzv-endpoint", "gpu-a17:29500", "--rdzv-id", "4242",
-            "--run-dir", "runs/llama70b", "--resume", "auto"]  # fmt: skip
+    want = [
+        "--nnodes",
+        "3",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-endpoint",
+        "gpu-a17:29500",
+        "--rdzv-id",
+        "4242",
+        "--run-dir",
+        "runs/llama70b",
+        "--resume",
+        "auto",
+    ]
     for flag, value in zip(want[::2], want[1::2], strict=True):
         assert command[command.index(flag) + 1] == value, flag
     assert "torch.distributed.run" not in result.stdout

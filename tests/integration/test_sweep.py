@@ -22,11 +22,18 @@ from yatrain.sweep import configs, report
 from yatrain.sweep import run as sweep_run
 
 TINY = [
-    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-    "model.ffn_dim=160", "model.vocab_size=512", "model.max_seq_len=128",
-    "data.micro_batch_size=2", "data.global_batch_size=4", "logging.wandb.mode=disabled",
+    "model.dim=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.ffn_dim=160",
+    "model.vocab_size=512",
+    "model.max_seq_len=128",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=4",
+    "logging.wandb.mode=disabled",
     "data.seq_len=32",  # the token budget kept across lengths: 4 x 32
-]  # fmt: skip
+]
 OOM = "import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 9 GiB')"
 FAIL = "import sys; print('step 1 ...'); sys.exit('simulated failure: disk full')"
 
@@ -161,8 +168,11 @@ def test_auto_and_bad_settings_are_resolved_before_running(small_data):
     sets = [*TINY, f"data.path={small_data}"]
     expanded = configs.expand_configs(recipe, sets, [32, 256], ["auto", "1"], 3, 1, True)
     assert [c.name for c in expanded] == [
-        "seq32-ckptauto", "seq32-ckpt1", "seq256-ckptauto", "seq256-ckpt1",
-    ]  # fmt: skip
+        "seq32-ckptauto",
+        "seq32-ckpt1",
+        "seq256-ckptauto",
+        "seq256-ckpt1",
+    ]
     assert expanded[0].layers == 0  # a CPU without sharding.gpu_memory_gib: nothing to plan for
     assert "model.max_seq_len=256" in expanded[2].overrides  # beyond the recipe's context
     with pytest.raises(ConfigError, match="'7' is not 'auto' or a layer count"):

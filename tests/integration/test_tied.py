@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import PLANNER_TOLERANCE
 from distributed import run_ranks
-from test_engine import CFG, SEED, batches, loss_of, max_rel, optimizer_for, weights_rel
+from engine_reference import CFG, SEED, batches, loss_of, max_rel, optimizer_for, weights_rel
 from test_plan import _measure, _warm_tracker, planned, small_recipe  # noqa: F401 (autouse fixture: warms the tracker)
 
 from yatrain.models.llama import build_model, count_parameters, flops_per_token, materialize

@@ -1,10 +1,10 @@
 """Recipe schema: every shipped recipe loads, and every user mistake is one clear ConfigError."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from yatrain.config import (
     Recipe,
@@ -16,8 +16,8 @@ from yatrain.errors import ConfigError
 from yatrain.recipe_checks import check_vocab
 from yatrain.topology import validate_world_size
 
-RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
-TINY = Path(__file__).parent.parent / "recipes" / "tiny.yaml"
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+TINY = ROOT / "recipes" / "tiny.yaml"
 
 
 def tiny() -> dict:

@@ -13,152 +13,25 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from distributed import run_ranks
+from engine_reference import (
+    CFG,
+    SEED,
+    TRAINED_MARGIN,
+    batches,
+    engine_for,
+    loss_of,
+    max_rel,
+    reference,
+    train_sharded,
+    untrained,
+    update_error,
+    weights_rel,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from yatrain.common import DTYPES
-from yatrain.config import ModelConfig
-from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model, materialize
-from yatrain.sharding import ShardedEngine
-from yatrain.train.compile import compile_layers
-from yatrain.train.step import train_step
-
-CFG = ModelConfig(
-    dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=80, vocab_size=61,
-    rope_theta=1e4, norm_eps=1e-5, max_seq_len=16,
-)  # fmt: skip
-SEQ, STEPS, SEED = 12, 10, 7
-
-
-def batches(global_batch: int, steps: int = STEPS) -> torch.Tensor:
-    """[steps, global_batch, SEQ + 1] tokens. Each sequence walks through the vocabulary in
-    random strides of 1-3 from a random start: learnable (the best loss is ln 3), so ten steps
-    of training take the loss far below an untrained model's on the same batches."""
-    gen = torch.Generator().manual_seed(1234)
-    start = torch.randint(0, CFG.vocab_size, (steps, global_batch, 1), generator=gen)
-    strides = torch.randint(1, 4, (steps, global_batch, SEQ), generator=gen)
-    return torch.cat([start, start + strides.cumsum(-1)], dim=-1) % CFG.vocab_size
-
-
-def loss_of(model, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-
-
-def optimizer_for(groups) -> torch.optim.AdamW:
-    return torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, foreach=True)
-
-
-def reference(
-    data: torch.Tensor, clip: float, ckpt: int = 0, float8: str | None = None, piece: int = 0
-):
-    """Plain model, whole global batch per step: the ground truth.
-
-    Returns each step's loss, each step's gradient norm as ``clip_grad_norm_`` reports it
-    (before clipping; with clipping off it is measured with an infinite limit, which
-    scales by exactly 1) and the final weights. ``float8``: its projections in float8;
-    ``piece``: accumulate the gradient over pieces of this many sequences, the ones the
-    ranks' micro-batches see (float8's dynamic scales depend on what one matmul sees)."""
-    torch.manual_seed(0)
-    model = build_model(CFG, ckpt)
-    apply_float8(model, float8)
-    model = materialize(model, "cpu", SEED)
-    params = list(model.parameters())
-    opt = optimizer_for(
-        [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ]
-    )
-    losses, norms = [], []
-    for step in data:
-        pieces = step.split(piece or len(step))
-        loss = sum(loss_of(model, part) / len(pieces) for part in pieces)
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(params, clip or float("inf")).item())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses, norms, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-@torch.no_grad()
-def untrained(data: torch.Tensor) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The initial model's loss on every batch, and its weights: what "no training" gives."""
-    model = materialize(build_model(CFG), "cpu", SEED)
-    losses = [loss_of(model, step).item() for step in data]
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def train_sharded(
-    rank,
-    world,
-    data,
-    micro,
-    clip,
-    ckpt,
-    dtype="fp32",
-    reduce="fp32",
-    depth=1,
-    compile=None,
-    float8=None,
-    **options,
-):
-    """The engine as the training loop drives it; returns losses, gradient norms, weights.
-    ``compile``: a torch.compile backend for the decoder layers (train.compile); ``float8``:
-    train.float8; ``options`` go to the engine."""
-    model = build_model(CFG, ckpt)
-    engine = engine_for(
-        model, param_dtype=DTYPES[dtype], reduce_dtype=DTYPES[reduce], prefetch_depth=depth,
-        float8=apply_float8(model, float8), **options,
-    )  # fmt: skip
-    if compile is not None:
-        compile_layers(model.layers, compile)
-    opt = optimizer_for(engine.param_groups(0.1))
-    per_rank = data.shape[1] // world
-    losses, norms = [], []
-    for step in data:
-        mine = step[rank * per_rank : (rank + 1) * per_rank]
-        micros = [
-            (mine[start : start + micro, :-1], mine[start : start + micro, 1:])
-            for start in range(0, per_rank, micro)
-        ]
-        outcome = train_step(model, engine, opt, micros, grad_clip=clip)
-        norms.append(outcome.grad_norm.item())
-        loss = outcome.loss
-        if world > 1:
-            torch.distributed.all_reduce(loss)
-        losses.append(loss.item() / world)
-    return losses, norms, engine.full_state_dict()
-
-
-def engine_for(model, **kwargs) -> ShardedEngine:
-    """The engine over a meta-device Llama, initialised from SEED, on the CPU."""
-    return ShardedEngine.from_model(model, device="cpu", seed=SEED, **kwargs)
-
-
-def max_rel(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
-
-
-def weights_rel(got: dict, want: dict) -> float:
-    assert got.keys() == want.keys()
-    return max(((got[k] - want[k]).norm() / want[k].norm()).item() for k in want)
-
-
-def update_error(got: dict, want: dict, start: dict) -> float:
-    """Per tensor, how far ``got`` is from ``want`` as a share of how far training moved
-    ``want`` from ``start``; the worst tensor. An untrained model scores 1."""
-    assert got.keys() == want.keys() == start.keys()
-    return max(((got[k] - want[k]).norm() / (want[k] - start[k]).norm()).item() for k in want)
-
-
-# A trained model's last loss must beat the untrained model's loss on the same batch by this
-# much (nats). Measured: 1.5-1.7 nats after 10 steps on these batches (4.63 -> 3.09).
-TRAINED_MARGIN = 1.0
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 from distributed import run_ranks
-from test_engine import (
+from engine_reference import (
     CFG,
     batches,
     engine_for,
@@ -38,8 +38,9 @@ def test_one_rank_process_group_gives_exactly_the_direct_path():
         assert weights_rel(forced[0][2], direct[2]) == 0.0
 
 
-@pytest.mark.parametrize("world,dtype,reduce", [(2, "fp32", "fp32"), (3, "fp32", "fp32"),
-                                                (2, "bf16", "fp32")])  # fmt: skip
+@pytest.mark.parametrize(
+    "world,dtype,reduce", [(2, "fp32", "fp32"), (3, "fp32", "fp32"), (2, "bf16", "fp32")]
+)
 def test_many_small_reduce_scatter_pieces(world, dtype, reduce):
     """Pieces of 37 elements per rank: every unit's gradient in many pieces, ragged at the
     end (and, at world 3, padded), over two micro-batches; fp32 equals the reference."""
@@ -58,8 +59,8 @@ def _gathers(rank, world):
     model = build_model(CFG)
     engine = engine_for(model)
     seen = []
-    gather = engine._gather
-    engine._gather = lambda unit: (seen.append((engine.phase, unit)), gather(unit))[1]
+    gather = engine.gathers.gather
+    engine.gathers.gather = lambda unit: (seen.append((engine.phase, unit)), gather(unit))[1]
     for step in batches(2, steps=2):
         seen.clear()
         loss_of(model, step[rank : rank + 1]).backward()

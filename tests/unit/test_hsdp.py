@@ -3,7 +3,7 @@
 Ranks form shard groups of G (a 2-D mesh, replicas x G); each group shards every unit among
 its own ranks, and the groups all-reduce their gradient shards once per step. The fp32
 losses, the pre-clip gradient norm of every step and the final weights must match the plain
-single-process reference (tests/test_engine.py) within 1e-5, with gradient accumulation,
+single-process reference (tests/unit/test_engine.py) within 1e-5, with gradient accumulation,
 clipping and activation checkpointing.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from distributed import run_ranks
-from test_engine import (
+from engine_reference import (
     CFG,
     TRAINED_MARGIN,
     batches,
@@ -86,10 +86,15 @@ def _one_step_traffic(rank, world, group_size):
     intra = engine.bytes_sent_intra - before[0]
     cross = engine.bytes_sent_cross - before[1]
     planned = step_traffic(
-        [layout.numel for layout in engine.layouts], engine.reads_weights, engine.small.numel,
-        shard_size=engine.shard_size, replicas=engine.replicas, param_dtype=torch.float32,
-        reduce_dtype=torch.float32, micro_batches=1,
-    )  # fmt: skip
+        [layout.numel for layout in engine.layouts],
+        engine.reads_weights,
+        engine.small.numel,
+        shard_size=engine.shard_size,
+        replicas=engine.replicas,
+        param_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+        micro_batches=1,
+    )
     # what the engine skips: units still resident from the forward are not gathered again
     resident = sum(4 * layout.padded_numel for layout in engine.layouts[-2:])
     resident = resident * (engine.shard_size - 1) // engine.shard_size

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from distributed import run_ranks
-from test_engine import (
+from engine_reference import (
     CFG,
     SEED,
     batches,
@@ -105,9 +105,14 @@ def test_holds_far_less_memory_than_full_logits():
     """Live tensors above the model during forward+backward, vocab 4096 x 512 tokens: the
     plain loss holds bf16-or-fp32 logits plus fp32 copies for every token at once."""
     cfg = ModelConfig(
-        dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=4096,
+        dim=32,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=64,
+        vocab_size=4096,
         max_seq_len=128,
-    )  # fmt: skip
+    )
     tokens = torch.randint(0, cfg.vocab_size, (4, 129), generator=torch.Generator().manual_seed(2))
     peaks = {}
     for chunk in (None, 64):
@@ -194,7 +199,7 @@ def test_fused_loss_trains_like_the_plain_reference(world, global_batch, micro, 
 
 
 def test_fused_bf16_stays_close_to_fp32_reference():
-    """Same tolerances as the plain bf16 engine test (tests/test_engine.py)."""
+    """Same tolerances as the plain bf16 engine test (tests/unit/test_engine.py)."""
     data = batches(4)
     want_losses, want_norms, want_weights = reference(data, clip=1.0)
     _, start = untrained(data)

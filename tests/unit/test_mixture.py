@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 from yatrain.config import load_recipe
 from yatrain.data import MixtureLoader, TokenShards, build_loader
 from yatrain.data.mixture import mixture_counts
 from yatrain.errors import ConfigError, DataError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fake(path: Path, first_token: int, num_tokens: int, tokenizer: bytes = b"tok") -> TokenShards:
@@ -132,8 +131,10 @@ def test_exhausted_source_reshuffles_and_says_so_once(sources):
     for _ in range(10):  # source b (15 windows) gets 6 per step: 4 epochs in 10 steps
         ((x, _y),) = loader.next_batch()
         steps.append(x[_source_of(x) == 1, 0].tolist())
-    assert said == [f"data source {sources[1].path} used all its 15 windows at step 3: "
-                    "continuing with epoch 2 (reshuffled)"]  # fmt: skip
+    assert said == [
+        f"data source {sources[1].path} used all its 15 windows at step 3: "
+        "continuing with epoch 2 (reshuffled)"
+    ]
     counts = {}
     for windows in steps:
         for w in windows:

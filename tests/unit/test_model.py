@@ -1,11 +1,11 @@
 """Llama model: published parameter counts, numerics against a reference, init, checkpointing."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ROOT
 
 from yatrain.config import ModelConfig, load_recipe
 from yatrain.models import (
@@ -17,7 +17,7 @@ from yatrain.models import (
     materialize,
 )
 
-RECIPES = Path(__file__).parent.parent / "recipes"
+RECIPES = ROOT / "recipes"
 PUBLISHED = {  # billions of parameters, from the Llama 2 / Llama 3 papers and model cards
     "llama2_7b": 6.738,
     "llama2_13b": 13.016,
@@ -27,9 +27,16 @@ PUBLISHED = {  # billions of parameters, from the Llama 2 / Llama 3 papers and m
     "llama3_70b": 70.554,
 }
 SMALL = ModelConfig(
-    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=128, rope_theta=500000.0,
-    norm_eps=1e-5, max_seq_len=32,
-)  # fmt: skip
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=96,
+    vocab_size=128,
+    rope_theta=500000.0,
+    norm_eps=1e-5,
+    max_seq_len=32,
+)
 
 
 def tiny_cfg() -> ModelConfig:
@@ -191,9 +198,14 @@ def test_init_unit_touches_only_its_unit_and_not_norms():
 
 def test_init_scales():
     cfg = ModelConfig(
-        dim=256, n_layers=8, n_heads=4, n_kv_heads=4, ffn_dim=512, vocab_size=1024,
+        dim=256,
+        n_layers=8,
+        n_heads=4,
+        n_kv_heads=4,
+        ffn_dim=512,
+        vocab_size=1024,
         max_seq_len=16,
-    )  # fmt: skip
+    )
     m = materialize(build_model(cfg), "cpu", seed=0)
     layer = m.layers[0]
     assert m.tok_embeddings.weight.std().item() == pytest.approx(0.02, rel=0.05)

@@ -21,11 +21,13 @@ from yatrain.models.llama import DecoderLayer, rope_cos_sin
 from yatrain.plan.activations import ActivationSizes
 
 SHAPES = {
-    "gqa": ModelConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=768,
-                       vocab_size=512, max_seq_len=128),
-    "mha": ModelConfig(dim=192, n_layers=2, n_heads=6, n_kv_heads=6, ffn_dim=512,
-                       vocab_size=512, max_seq_len=128),
-}  # fmt: skip
+    "gqa": ModelConfig(
+        dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=768, vocab_size=512, max_seq_len=128
+    ),
+    "mha": ModelConfig(
+        dim=192, n_layers=2, n_heads=6, n_kv_heads=6, ffn_dim=512, vocab_size=512, max_seq_len=128
+    ),
+}
 SEQ, MICRO = 128, 2
 
 

@@ -101,21 +101,49 @@ def test_dtypes_follow_the_reduce_dtype():
 
 def test_units_with_one_tensor_need_no_gradient_buffer():
     b = engine_buffers(
-        [5000, 100, 100, 5000], [True, False, False, True], 30, world_size=2,
-        param_dtype=BF16, reduce_dtype=FP32, prefetch_depth=1, direct=False,
-    )  # fmt: skip
+        [5000, 100, 100, 5000],
+        [True, False, False, True],
+        30,
+        world_size=2,
+        param_dtype=BF16,
+        reduce_dtype=FP32,
+        prefetch_depth=1,
+        direct=False,
+    )
     assert b.grad.numel == 100
     only_single = engine_buffers(
-        [5000, 5000], [True, True], 30, world_size=2, param_dtype=BF16,
-        reduce_dtype=FP32, prefetch_depth=1, direct=False,
-    )  # fmt: skip
+        [5000, 5000],
+        [True, True],
+        30,
+        world_size=2,
+        param_dtype=BF16,
+        reduce_dtype=FP32,
+        prefetch_depth=1,
+        direct=False,
+    )
     assert only_single.grad.count == 0 and not only_single.edge_owns_gather
 
 
 def test_rejects_inconsistent_arguments():
     with pytest.raises(ValueError, match="single_tensor"):
-        engine_buffers([1, 2], [True], 1, world_size=1, param_dtype=FP32,
-                       reduce_dtype=FP32, prefetch_depth=1, direct=True)  # fmt: skip
+        engine_buffers(
+            [1, 2],
+            [True],
+            1,
+            world_size=1,
+            param_dtype=FP32,
+            reduce_dtype=FP32,
+            prefetch_depth=1,
+            direct=True,
+        )
     with pytest.raises(ValueError, match="prefetch_depth"):
-        engine_buffers([1], [True], 1, world_size=1, param_dtype=FP32,
-                       reduce_dtype=FP32, prefetch_depth=0, direct=True)  # fmt: skip
+        engine_buffers(
+            [1],
+            [True],
+            1,
+            world_size=1,
+            param_dtype=FP32,
+            reduce_dtype=FP32,
+            prefetch_depth=0,
+            direct=True,
+        )

@@ -48,6 +48,9 @@ def test_no_function_in_the_package_is_too_long():
 def test_nothing_edits_sys_path(folder):
     """Benchmarks and tests import yatrain as installed (scripts/setup.sh), never by path."""
     edits = ("sys.path." + "insert", "sys.path." + "append")  # split: this file is scanned too
-    found = [str(p.relative_to(ROOT)) for p in sources(ROOT / folder)
-             if any(edit in p.read_text() for edit in edits)]  # fmt: skip
+    found = [
+        str(p.relative_to(ROOT))
+        for p in sources(ROOT / folder)
+        if any(edit in p.read_text() for edit in edits)
+    ]
     assert found == []

@@ -41,8 +41,8 @@ def training_state(engine: ShardedEngine, optimizer: Optimizer, mesh: DeviceMesh
     state["adam_step"] = step_count(optimizer)
     # No RNG state: nothing in training draws from a global generator (init uses per-unit
     # generators, the data order its own seeded permutation, and there is no dropout), so
-    # there is nothing to restore. tests/test_checkpoint.py reseeds the global RNG between
-    # the halves of a resumed run to keep it that way.
+    # there is nothing to restore. tests/integration/test_checkpoint.py reseeds the global
+    # RNG between the halves of a resumed run to keep it that way.
     return state
 
 

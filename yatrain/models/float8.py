@@ -12,7 +12,7 @@ torchao is optional (the ``float8`` extra, pinned): ``check_float8`` refuses at 
 one line, what cannot run it (torchao missing or of another version, a torch older than it
 needs, a GPU below compute capability 8.9), and ``apply_float8`` refuses a projection whose
 sizes float8 kernels cannot take. torchao's ``Float8TrainingTensor`` is not a public class;
-tests/test_float8.py fails the day its constructor changes.
+tests/integration/test_float8.py fails the day its constructor changes.
 """
 
 from __future__ import annotations

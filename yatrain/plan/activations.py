@@ -87,7 +87,7 @@ def eager_layer(m: ModelConfig, n: int, p: int) -> int:
 
 
 def compiled_layer(m: ModelConfig, n: int, p: int) -> int:
-    """The same for a compiled layer (train.compile). Measured (tests/test_plan_compile.py):
+    """The same for a compiled layer (train.compile). Measured (tests/unit/test_plan_compile.py):
     the partitioner keeps each norm's fp32 reciprocal RMS and recomputes the normalised and
     SiLU tensors in backward, so six dim-sized tensors (the layer input, the residual after
     attention, q and the attention output, the inputs of wo and of the SwiGLU), k, v and
