@@ -6,7 +6,7 @@ file of every checkpoint carries one, at any size. Each rank hashes the bytes of
 as it writes them (``HashingStream``): nothing is read back at save time. Verification reads
 each file once, in 16 MiB chunks. It detects accidents (a flipped bit, a truncated copy); it
 is no defence against an attacker, who can rewrite the manifest too: safety against hostile
-files is ``dcp_safe``'s job.
+files is ``safe_load``'s job.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   from a thread of its own over a process group of its own (collectives of two threads must
   never share a group).
 - ``load_state`` (collective) and ``load_alone`` (this process by itself: export,
-  ``init_from``, evaluation) read through ``dcp_safe`` and never unpickle anything else.
+  ``init_from``, evaluation) read through ``safe_load`` and never unpickle anything else.
 - DCP warns on every call it makes without a process group. Rather than muting warnings, a
   process working alone gets what DCP asks for: a one-rank gloo group of its own, made for
   the call (a default group when there is none, else a subgroup of just this rank).

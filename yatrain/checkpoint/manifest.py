@@ -5,7 +5,7 @@ loader position, and every file's size and XXH3-64 checksum. ``open_checkpoint``
 validation path: resume, ``yatrain export``, ``train.init_from`` (and anything else that
 reads a checkpoint) go through it. In order, cheapest first: the manifest against its schema
 (types and required fields, so nothing later trips on a wrong type), every listed file's
-presence and size, DCP's ``.metadata`` through the restricted unpickler (``dcp_safe``: a
+presence and size, DCP's ``.metadata`` through the restricted unpickler (``safe_load``: a
 pickle that would run code is refused), the model, and last the checksums (``verify``).
 """
 

@@ -2,7 +2,7 @@
 self-contained HTML page.
 
 It reads each run's ``metrics.jsonl`` (a run still in progress works: a line being written
-is left out), draws the charts (``run_charts``) and writes ``report.html`` with the images
+is left out), draws the charts (``charts``) and writes ``report.html`` with the images
 inside it as data URIs, a table per run (the summary the console prints at the end, plus
 the step-time breakdown and the slowest rank) and, where a run stopped on a hang, its hang
 report: a file that opens with no network and no other file beside it.

@@ -1,7 +1,8 @@
 """A run's checkpoints: when to save (``due``), what goes in, and where the run resumes.
 
 With ``checkpoint.async`` a save returns once the state is in host memory and is written in
-the background (``async_save``); the next save, the end of the run and a stop wait for it.
+the background (``checkpoint.background_save``); the next save, the end of the run and a
+stop wait for it.
 
 Finding the resume point is shared out: rank 0 runs the cheap checks of
 ``open_checkpoint`` (schema, sizes, safe metadata, model), then every rank verifies the
