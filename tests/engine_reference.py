@@ -52,7 +52,12 @@ def optimizer_for(groups) -> torch.optim.AdamW:
 
 
 def reference(
-    data: torch.Tensor, clip: float, ckpt: int = 0, float8: str | None = None, piece: int = 0
+    data: torch.Tensor,
+    clip: float,
+    ckpt: int = 0,
+    float8: str | None = None,
+    piece: int = 0,
+    cfg: ModelConfig = CFG,
 ):
     """Plain model, whole global batch per step: the ground truth.
 
@@ -60,9 +65,10 @@ def reference(
     (before clipping; with clipping off it is measured with an infinite limit, which
     scales by exactly 1) and the final weights. ``float8``: its projections in float8;
     ``piece``: accumulate the gradient over pieces of this many sequences, the ones the
-    ranks' micro-batches see (float8's dynamic scales depend on what one matmul sees)."""
+    ranks' micro-batches see (float8's dynamic scales depend on what one matmul sees);
+    ``cfg``: another model (a tied head)."""
     torch.manual_seed(0)
-    model = build_model(CFG, ckpt)
+    model = build_model(cfg, ckpt)
     apply_float8(model, float8)
     model = materialize(model, "cpu", SEED)
     params = list(model.parameters())

@@ -9,7 +9,15 @@ import pytest
 import torch
 from conftest import PLANNER_TOLERANCE
 from distributed import run_ranks
-from engine_reference import CFG, SEED, batches, loss_of, max_rel, optimizer_for, weights_rel
+from engine_reference import (
+    CFG,
+    SEED,
+    batches,
+    max_rel,
+    optimizer_for,
+    reference,
+    weights_rel,
+)
 from test_plan import _measure, _warm_tracker, planned, small_recipe  # noqa: F401 (autouse fixture: warms the tracker)
 
 from yatrain.models.llama import build_model, count_parameters, flops_per_token, materialize
@@ -19,27 +27,6 @@ from yatrain.sharding.groups import hybrid_mesh
 from yatrain.train.step import train_step
 
 TIED = dataclasses.replace(CFG, tie_embeddings=True)
-
-
-def reference(data: torch.Tensor, clip: float):
-    """A plain tied model on the whole global batch: losses, gradient norms, weights."""
-    model = materialize(build_model(TIED), "cpu", SEED)
-    params = list(model.parameters())
-    opt = optimizer_for(
-        [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ]
-    )
-    losses, norms = [], []
-    for step in data:
-        loss = loss_of(model, step)
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(params, clip or float("inf")).item())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses, norms, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def train_tied(rank, world, data, micro, clip, hybrid=False, dtype=torch.float32):
@@ -75,7 +62,7 @@ def train_tied(rank, world, data, micro, clip, hybrid=False, dtype=torch.float32
 )
 def test_tied_engine_matches_a_plain_tied_model(world, global_batch, micro, clip, hybrid):
     data = batches(global_batch, steps=6)
-    want_losses, want_norms, want_weights = reference(data, clip)
+    want_losses, want_norms, want_weights = reference(data, clip, cfg=TIED)
     args = (data, micro, clip, hybrid)
     results = [train_tied(0, 1, *args)] if world == 1 else run_ranks(world, train_tied, *args)
     losses, norms, weights, keys, n_params = results[0]
@@ -92,7 +79,7 @@ def test_tied_engine_in_bf16_stays_close_to_the_fp32_reference(world):
     """bf16 weights (the one-process compute copy at world 1, bf16 gathers at 2): losses
     within 0.5% and gradient norms within 2% of fp32, as untied models (test_engine)."""
     data = batches(4, steps=6)
-    want_losses, want_norms, _ = reference(data, 0.0)
+    want_losses, want_norms, _ = reference(data, 0.0, cfg=TIED)
     args = (data, 1, 0.0, False, torch.bfloat16)
     results = [train_tied(0, 1, *args)] if world == 1 else run_ranks(world, train_tied, *args)
     losses, norms = results[0][:2]
