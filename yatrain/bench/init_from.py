@@ -80,7 +80,7 @@ def init_recipe(cfg: ModelConfig, folder: Path, world: int) -> Recipe:
 
 def _measure(rank: int, world: int, cfg: ModelConfig, folder: Path) -> dict:
     recipe = init_recipe(cfg, folder, world)
-    runtime = Runtime(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"))
+    runtime = Runtime.of_caller_group(torch.device("cpu"))
     model = meta_model(recipe, world)
     init = recipe_init(model, recipe, runtime)
     Path("/proc/self/clear_refs").write_text("5")  # the peak RSS starts again from here

@@ -27,6 +27,16 @@ class Runtime:
     # rendezvous), under a prefix of ours: hang reports go through it, not a collective.
     store: dist.Store | None = None
 
+    @classmethod
+    def of_caller_group(cls, device: torch.device) -> Runtime:
+        """This process's place in the process group its caller made (the ranks of a
+        benchmark), or alone without one: no rendezvous, no store, the group not ours."""
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world_size = 0, 1
+        return cls(rank=rank, world_size=world_size, local_rank=rank, device=device)
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0

@@ -41,10 +41,6 @@ class UnitGathers:
         self.n_units = len(layouts)
         self.gathered_bytes = [0] * self.n_units  # sent in each unit's gathers (benchmarks)
 
-    def gathers_fp8(self, unit: int) -> bool:
-        """Is ``unit`` gathered in float8?"""
-        return self.float8 is not None and self.float8.gathers(unit)
-
     def gather(self, unit: int) -> None:
         """Issue ``unit``'s gather into its buffer, unless the buffer holds it already."""
         buf = self.buffer_of[unit]

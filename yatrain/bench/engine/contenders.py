@@ -116,13 +116,6 @@ def contender_recipe(o: dict, force=False, compiled=False, float8: str | None = 
     return Recipe(model=model_config(o), data=data, train=train, optim=OPTIM, sharding=sharding)
 
 
-def _runtime(device: torch.device) -> Runtime:
-    """This rank's place in the benchmark's process group (``run_ranks`` made it)."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return Runtime(rank=rank, world_size=world, local_rank=rank, device=device)
-
-
 def _plain_model(o: dict, device: torch.device) -> Llama:
     """The contenders' model, materialised whole from the seed (every baseline's start)."""
     return materialize(meta_model(contender_recipe(o)), device, o["seed"])
@@ -142,7 +135,7 @@ def build_yatrain(
     float8: str | None = None,
 ) -> Trainer:
     recipe = contender_recipe(o, force, compiled, float8)
-    model, engine = build_model_and_engine(recipe, _runtime(device))
+    model, engine = build_model_and_engine(recipe, Runtime.of_caller_group(device))
     opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), OPTIM)
 
     clock = StepClock(engine, device)
