@@ -7,6 +7,7 @@ Each benchmark is a module with a ``main`` (``python -m yatrain.bench.loop``, or
 ``document_mask`` (the cost of ``data.document_mask``), ``seed_table`` (the planner against
 YaFSDP's published runs). Shared parts: ``measure`` (statistics, process memory, tables),
 ``traffic`` (bytes sent in collectives), ``bare`` (the plain PyTorch step every baseline
-uses); the rank launcher the tests use too is ``yatrain.harness.ranks``, below it. Top of the
-layering: nothing in yatrain imports it.
+uses), ``pretrain_cli`` (one ``yatrain pretrain`` in a child process); the rank launcher
+the tests use too is ``yatrain.harness.ranks``, below it. Top of the layering: nothing in
+yatrain imports it.
 """

@@ -15,15 +15,13 @@ its cache: the warm start.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from yatrain.bench.measure import load_average, median, table
+from yatrain.bench.pretrain_cli import run_pretrain
 
 COMPILED_LINE = re.compile(r"compiled (\d+) graphs? in ([0-9.]+)s")
 
@@ -41,26 +39,10 @@ def pretrain(args, run_dir: Path, compiled: bool, steps: int) -> tuple[float, fl
         "checkpoint.every=0",
         "logging.wandb.mode=disabled",
     ]
-    command = [
-        sys.executable,
-        "-m",
-        "yatrain",
-        "pretrain",
-        args.recipe,
-        "--run-dir",
-        str(run_dir),
-        "--steps",
-        str(steps),
-        "--no-progress",
-        *[f"--set={s}" for s in sets],
-    ]
-    env = os.environ | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"bench compile: yatrain pretrain failed:\n{done.stderr[-2000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+    records, stderr = run_pretrain("compile", args.recipe, run_dir, steps, sets, env)
     steady = [r["step_time_s"] for r in records if r["step"] > records[0]["step"]]
-    found = COMPILED_LINE.search(done.stderr)
+    found = COMPILED_LINE.search(stderr)
     return median(steady), float(found.group(2)) if found else None
 
 

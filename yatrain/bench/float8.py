@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from yatrain.bench.measure import load_average, median, table, verdict
+from yatrain.bench.pretrain_cli import run_pretrain
 
 VARIANTS = ("null", "tensorwise", "rowwise")
 LAST = 20  # steps whose mean training loss is compared
@@ -41,23 +40,8 @@ def pretrain(args, run_dir: Path, float8: str) -> list[dict]:
         "checkpoint.enabled=false",
         "logging.wandb.mode=disabled",
     ]
-    command = [
-        sys.executable,
-        "-m",
-        "yatrain",
-        "pretrain",
-        args.recipe,
-        "--run-dir",
-        str(run_dir),
-        "--steps",
-        str(args.steps),
-        "--no-progress",
-        *[f"--set={s}" for s in sets],
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"bench float8: yatrain pretrain failed:\n{done.stderr[-2000:]}")
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records, _ = run_pretrain("float8", args.recipe, run_dir, args.steps, sets)
+    return records
 
 
 def summary(records: list[dict]) -> dict:
