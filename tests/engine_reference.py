@@ -126,6 +126,13 @@ def train_sharded(
     )
     if compile is not None:
         compile_layers(model.layers, compile)
+    losses, norms = run_steps(model, engine, rank, world, data, micro, clip)
+    return losses, norms, engine.full_state_dict()
+
+
+def run_steps(model, engine, rank, world, data, micro, clip) -> tuple[list[float], list[float]]:
+    """Train ``engine`` on this rank's share of every global batch in ``data``, ``micro``
+    sequences per micro-batch; each step's global loss and gradient norm."""
     opt = optimizer_for(engine.param_groups(0.1))
     per_rank = data.shape[1] // world
     losses, norms = [], []
@@ -141,7 +148,7 @@ def train_sharded(
         if world > 1:
             torch.distributed.all_reduce(loss)
         losses.append(loss.item() / world)
-    return losses, norms, engine.full_state_dict()
+    return losses, norms
 
 
 def engine_for(model, **kwargs) -> ShardedEngine:

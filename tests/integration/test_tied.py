@@ -13,18 +13,17 @@ from engine_reference import (
     CFG,
     SEED,
     batches,
+    engine_for,
     max_rel,
-    optimizer_for,
     reference,
+    run_steps,
     weights_rel,
 )
 from test_plan import _measure, _warm_tracker, planned, small_recipe  # noqa: F401 (autouse fixture: warms the tracker)
 
 from yatrain.models.llama import build_model, count_parameters, flops_per_token, materialize
 from yatrain.plan.memory import engine_state_bytes
-from yatrain.sharding import ShardedEngine
 from yatrain.sharding.groups import hybrid_mesh
-from yatrain.train.step import train_step
 
 TIED = dataclasses.replace(CFG, tie_embeddings=True)
 
@@ -32,21 +31,8 @@ TIED = dataclasses.replace(CFG, tie_embeddings=True)
 def train_tied(rank, world, data, micro, clip, hybrid=False, dtype=torch.float32):
     model = build_model(TIED)
     mesh = hybrid_mesh("cpu", 2) if hybrid else None
-    engine = ShardedEngine.from_model(model, device="cpu", seed=SEED, mesh=mesh, param_dtype=dtype)
-    opt = optimizer_for(engine.param_groups(0.1))
-    per_rank = data.shape[1] // world
-    losses, norms = [], []
-    for step in data:
-        mine = step[rank * per_rank : (rank + 1) * per_rank]
-        micros = [
-            (mine[s : s + micro, :-1], mine[s : s + micro, 1:]) for s in range(0, per_rank, micro)
-        ]
-        outcome = train_step(model, engine, opt, micros, grad_clip=clip)
-        norms.append(outcome.grad_norm.item())
-        loss = outcome.loss
-        if world > 1:
-            torch.distributed.all_reduce(loss)
-        losses.append(loss.item() / world)
+    engine = engine_for(model, mesh=mesh, param_dtype=dtype)
+    losses, norms = run_steps(model, engine, rank, world, data, micro, clip)
     keys = [entry.key for entry in engine.state_layout]
     return losses, norms, engine.full_state_dict(), keys, len(engine.param_groups(0.1)[0]["params"])
 
