@@ -29,7 +29,7 @@ TEST = "tests/unit/test_cuda_stream_order.py"
 # (what it does, regex of the one line it changes, the statement put there instead)
 RELEASE_EARLY = [
     ("pump frees the source without asking whether its collectives finished",
-     r"if job\.source is not None and all\(.*finished", "if job.source is not None:"),
+     r"while pending and all\(.*finished", "while pending:"),
     ("release() drops the source without the compute stream waiting",
      r"^\s*self\.comm\.wait\(handle\)\s*$", "pass"),
     ("the CUDA communicator says a collective finished before its event did",

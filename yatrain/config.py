@@ -152,6 +152,10 @@ class ShardingConfig:
     activation_checkpoint_layers: int | Literal["auto"] = _limit(0, ge=0)
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"  # dtype of the gradient reduce-scatter
     prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
+    # Reduce-scatter staging budget in MiB: one reduce-scatter per unit wherever its gradient
+    # in the reduce dtype fits, else the fewest equal pieces that do; "auto" = max(256 MiB,
+    # 1% of the device's memory) (sharding/sizes.py).
+    reduce_staging_mib: float | Literal["auto"] = _limit("auto", gt=0)
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
     gpu_memory_gib: float | None = _limit(None, gt=0)
     # true: one process also runs the multi-rank path in a one-rank group (checks it on one

@@ -17,9 +17,6 @@ gradient before the communication stream's reduction of it is done, makes this t
 
 from __future__ import annotations
 
-import sys
-
-import cuda_standin
 import pytest
 import torch
 from distributed import run_ranks
@@ -27,17 +24,14 @@ from engine_reference import CFG, SEED, batches, optimizer_for
 
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
-from yatrain.sharding.comm import CudaStreamCommunicator, make_communicator
+from yatrain.sharding.cuda_comm import CudaStreamCommunicator
 from yatrain.sharding.groups import hybrid_mesh
 from yatrain.sharding.reduce import StreamReducer
+from yatrain.testing import cuda_standin
 from yatrain.train.step import train_step
 
-STEPS, PIECE = 2, 512  # a small piece: every unit's reduction goes out in several pieces
-
-
-def _as_if_cuda(group, device, **options):
-    """The engine's communicator choice, for a CUDA device."""
-    return make_communicator(group, torch.device("cuda"), **options)
+STEPS, WORLD = 2, 2
+STAGING = 512 * WORLD * 4  # a small budget: every unit's reduction goes out in several pieces
 
 
 def _train(rank: int, layout: str, dtype: torch.dtype) -> tuple[list[float], list[float], dict]:
@@ -49,7 +43,7 @@ def _train(rank: int, layout: str, dtype: torch.dtype) -> tuple[list[float], lis
         device="cpu",
         seed=SEED,
         param_dtype=dtype,
-        piece_numel=PIECE,
+        staging_bytes=STAGING,
         force_process_group=True,
         **options,
     )
@@ -76,10 +70,7 @@ def _both_paths(rank: int, world: int, layout: str, dtype: torch.dtype):
     """The normal CPU path, then the CUDA path on stand-in streams; the stand-in's log."""
     plain = _train(rank, layout, dtype)
     with pytest.MonkeyPatch.context() as patch:
-        for module in [m for name, m in sys.modules.items() if name.startswith("yatrain.")]:
-            if getattr(module, "make_communicator", None) is make_communicator:
-                patch.setattr(module, "make_communicator", _as_if_cuda)
-        order = cuda_standin.install(patch)
+        order = cuda_standin.as_if_cuda(patch)
         with order.recording():
             streamed = _train(rank, layout, dtype)
     return plain, streamed, order.violations, dict(order.counts)
@@ -94,7 +85,7 @@ def _both_paths(rank: int, world: int, layout: str, dtype: torch.dtype):
 )
 def test_cuda_path_orders_every_buffer_access_by_events(layout, dtype):
     for rank, (plain, streamed, violations, counts) in enumerate(
-        run_ranks(2, _both_paths, layout, dtype)
+        run_ranks(WORLD, _both_paths, layout, dtype)
     ):
         shown = "\n".join(violations[:8])
         assert not violations, f"rank {rank}: {len(violations)} ordering breaches:\n{shown}"

@@ -42,10 +42,11 @@ def test_one_rank_process_group_gives_exactly_the_direct_path():
     "world,dtype,reduce", [(2, "fp32", "fp32"), (3, "fp32", "fp32"), (2, "bf16", "fp32")]
 )
 def test_many_small_reduce_scatter_pieces(world, dtype, reduce):
-    """Pieces of 37 elements per rank: every unit's gradient in many pieces, ragged at the
-    end (and, at world 3, padded), over two micro-batches; fp32 equals the reference."""
+    """A staging budget of 37 fp32 elements per rank: every unit's gradient in many equal
+    pieces, the last one shorter (and, at world 3, padded), over two micro-batches; fp32
+    equals the reference."""
     data = batches(2 * world, steps=3)
-    in_pieces = functools.partial(train_sharded, piece_numel=37)
+    in_pieces = functools.partial(train_sharded, staging_bytes=37 * world * 4)
     got = run_ranks(world, in_pieces, data, 1, 0.5, 0, dtype, reduce)[0]
     whole = run_ranks(world, train_sharded, data, 1, 0.5, 0, dtype, reduce)[0]
     if dtype == "fp32":

@@ -19,7 +19,7 @@ import torch
 from yatrain.common import format_bytes
 from yatrain.config import Recipe
 from yatrain.errors import ConfigError
-from yatrain.plan.limits import memory_limit
+from yatrain.plan.limits import memory_limit, staging_memory
 from yatrain.plan.memory import plan_for_layers, plan_memory
 
 
@@ -57,7 +57,8 @@ def check_fit(recipe: Recipe, world_size: int, device: torch.device, layers: int
         allowance = 0  # tensors only: the process itself is not planned
     if have is None:
         return
-    plan = plan_for_layers(recipe, world_size, layers, have, allowance)
+    staging = staging_memory(recipe, device)
+    plan = plan_for_layers(recipe, world_size, layers, have, allowance, staging)
     if plan.fits:
         return
     raise ConfigError(

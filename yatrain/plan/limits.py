@@ -9,6 +9,7 @@ from yatrain.common import GIB
 from yatrain.config import Recipe
 from yatrain.plan.memory import plan_memory
 from yatrain.plan.report import explain
+from yatrain.sharding.sizes import device_memory
 
 ASSUMED_GPU_GIB = 80.0  # A100/H100 80GB class: what `yatrain plan` assumes without a GPU
 
@@ -34,6 +35,13 @@ def memory_limit(
     if assumed_gib is not None:
         return int(assumed_gib * GIB), "assumed: no GPU here, pass --gpu-memory"
     return None, f"{device.type} has no device memory limit"
+
+
+def staging_memory(recipe: Recipe, device: torch.device | str) -> int | None:
+    """The memory ``sharding.reduce_staging_mib: auto`` is a share of on ``device``: the
+    memory planned against (``memory_limit``), else the machine's (a CPU's RAM). The engine
+    and the fit check both ask here, so they size the same staging buffer."""
+    return memory_limit(recipe, device)[0] or device_memory(torch.device(device))
 
 
 def local_device() -> torch.device:

@@ -38,7 +38,7 @@ from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
 from yatrain.plan.layout import fp8_units, planned_group, traffic_table, unit_layouts
-from yatrain.sharding.sizes import EngineBuffers, engine_buffers
+from yatrain.sharding.sizes import EngineBuffers, engine_buffers, staging_budget
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
 COMM_BYTES = 1 * GIB  # NCCL channel buffers and the communication stream's scratch
@@ -61,9 +61,11 @@ def engine_layout(
     prefetch_depth: int,
     direct: bool | None = None,
     float8: str | None = None,
+    staging_bytes: int | None = None,
 ) -> tuple[int, int, EngineBuffers]:
     """(elements of this rank's shard of every unit, of the norm group, the buffers the
-    engine preallocates), from the same functions the engine uses."""
+    engine preallocates), from the same functions the engine uses. ``staging_bytes``: the
+    reduce-scatter staging budget (None: ``auto`` with no device memory known)."""
     layouts, small = unit_layouts(m, world)
     direct = world == 1 if direct is None else direct
     buffers = engine_buffers(
@@ -75,6 +77,7 @@ def engine_layout(
         reduce_dtype=DTYPES[reduce_dtype],
         prefetch_depth=prefetch_depth,
         direct=direct,
+        staging_bytes=staging_budget(None, None) if staging_bytes is None else staging_bytes,
         fp8_units=fp8_units(m, float8, direct),
     )
     owned = sum(layout.shard_numel for layout in layouts if layout.owns)  # tied: once
@@ -89,11 +92,12 @@ def engine_state_bytes(
     prefetch_depth: int,
     direct: bool | None = None,
     float8: str | None = None,
+    staging_bytes: int | None = None,
 ) -> dict[str, int]:
     """Bytes per rank of every tensor the engine and AdamW keep for the whole run (the
     fp32 gradient shards, which they do not, are ``GradientShards``)."""
     units, small, buffers = engine_layout(
-        m, world, dtype, reduce_dtype, prefetch_depth, direct, float8
+        m, world, dtype, reduce_dtype, prefetch_depth, direct, float8, staging_bytes
     )
     shards = units + small
     copy = buffers.gather.count == 0 and dtype != "fp32"  # one process, bf16
@@ -152,15 +156,19 @@ def plan_for_layers(
     checkpointed: int,
     gpu_memory_bytes: int | None = None,
     runtime_allowance_bytes: int | None = None,
+    device_memory_bytes: int | None = None,
 ) -> MemoryPlan:
-    """Peak memory per GPU with the first ``checkpointed`` decoder layers checkpointed."""
+    """Peak memory per GPU with the first ``checkpointed`` decoder layers checkpointed.
+    ``device_memory_bytes``: what ``auto`` staging is a share of, when it is not
+    ``gpu_memory_bytes`` (a CPU's RAM, of which a rank may use less)."""
     m, s, data, dtype = recipe.model, recipe.sharding, recipe.data, recipe.train.dtype
     if runtime_allowance_bytes is None:
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
     group = planned_group(recipe, world_size)  # the state is sharded over the shard group
     direct = group == 1 and not s.force_process_group
+    staging = staging_budget(s.reduce_staging_mib, device_memory_bytes or gpu_memory_bytes)
     state = engine_state_bytes(
-        m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8
+        m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8, staging
     )
     acts = ActivationSizes.of(
         m,

@@ -14,7 +14,7 @@ LABELS = {
     "optimizer_state": "AdamW moments (2 x fp32 shard)",
     "compute_copy": "bf16 copy of the weights (one process)",
     "gather_buffers": "gather buffers (units, norms)",
-    "gradient_buffers": "gradient buffers (+ fp32 staging piece)",
+    "gradient_buffers": "gradient buffers (+ reduce staging)",
     "batch_and_rope": "token ids and rotary tables",
     "activations": "activations",
     "logits_and_loss": "logits and loss (one chunk)",

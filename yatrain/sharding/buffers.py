@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from yatrain.sharding.comm import Communicator, CudaStreamCommunicator, GlooCommunicator, Handle
+from yatrain.sharding.comm import Communicator, GlooCommunicator, Handle
+from yatrain.sharding.cuda_comm import CudaStreamCommunicator
 from yatrain.sharding.layout import alias
 from yatrain.sharding.reduce import PieceReducer, ReduceJob, StreamReducer, ThreadReducer
 from yatrain.sharding.shards import MasterShards
@@ -142,7 +143,7 @@ def make_reducer(
 ) -> PieceReducer:
     """The reduce-scatter pieces' staging and output buffers, and who issues them."""
     staging, out = plan.staging.empty(device), plan.reduce_out.empty(device)
-    if isinstance(comm, CudaStreamCommunicator):
+    if isinstance(comm, CudaStreamCommunicator):  # a unit's pieces queued as one
         return StreamReducer(comm, staging, out, plan.piece_numel)
     if not isinstance(comm, GlooCommunicator):
         raise TypeError(f"no reducer for {type(comm).__name__}: it has no process group")

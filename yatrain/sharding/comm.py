@@ -7,14 +7,15 @@ differs between devices, so it lives here and nowhere else:
 - CPU (gloo): collectives run on gloo's own thread (``async_op=True``); waiting blocks the
   Python thread until the work is done, then runs any follow-up step (gradient accumulation).
   Whether a collective has finished can be asked without blocking (``finished``).
-- CUDA (NCCL): collectives run on one dedicated communication stream. Before each one the
-  communication stream waits for an event recorded on the compute stream (so a buffer is
-  never overwritten while a kernel still reads it); afterwards an event is recorded that the
-  compute stream waits on before it touches the result. Work queued on the communication
-  stream runs in order, so a buffer the next collective reuses (the reduce-scatter staging)
-  is free as soon as the next one is queued. Buffers are preallocated and never freed, and
-  the few tensors that are not (a gradient autograd allocated) are let go only once their
-  collective has finished (``finished``): no ``record_stream``.
+- CUDA (NCCL, ``cuda_comm.py``): collectives run on one dedicated communication stream.
+  Before each one the communication stream waits for an event recorded on the compute
+  stream (so a buffer is never overwritten while a kernel still reads it); afterwards an
+  event is recorded that the compute stream waits on before it touches the result. Work
+  queued on the communication stream runs in order, so a buffer the next collective reuses
+  (the reduce-scatter staging) is free as soon as the next one is queued. Buffers are
+  preallocated and never freed, and the few tensors that are not (a gradient autograd
+  allocated) are let go only once their collective has finished (``finished``): no
+  ``record_stream``.
 - One process, no group: nothing to communicate; copies only where the buffers differ.
 
 Every collective also counts the bytes this rank sends, so benchmarks report measured traffic,
@@ -61,6 +62,17 @@ def ring_bytes(nbytes: int, world_size: int) -> int:
     """Bytes one rank sends in a ring all-gather or reduce-scatter of a ``nbytes`` buffer:
     (W-1)/W of it (an all-reduce is both: ``2 * nbytes``). The planner counts with it too."""
     return nbytes * (world_size - 1) // world_size
+
+
+@dataclass(frozen=True)
+class ScatterPiece:
+    """One reduce-scatter of a reduction: ``before`` fills ``full`` (the staging copy),
+    ``then`` consumes ``out`` (an accumulation), both in stream order."""
+
+    out: torch.Tensor
+    full: torch.Tensor
+    before: Step = None
+    then: Step = None
 
 
 @dataclass
@@ -231,116 +243,8 @@ class GlooCommunicator(Communicator):
         return Handle(work=work, kind="all-reduce")
 
 
-class CudaStreamCommunicator(Communicator):
-    """CUDA: one communication stream, ordered against the compute stream by events only."""
-
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device) -> None:
-        super().__init__()
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
-        self.stream = torch.cuda.Stream(device=device)
-
-    def _on_comm_stream(
-        self,
-        collective: Callable[[], object],
-        before: Step = None,
-        then: Step = None,
-        after: Handle | None = None,
-        kind: str = "",
-    ) -> Handle:
-        compute_ready = torch.cuda.Event()
-        compute_ready.record(torch.cuda.current_stream())
-        self.stream.wait_event(compute_ready)
-        if after is not None and after.event is not None:  # another stream's collective
-            self.stream.wait_event(after.event)
-        with torch.cuda.stream(self.stream):
-            if before is not None:
-                before()
-            collective()  # NCCL makes the current (communication) stream wait for it
-            if then is not None:
-                then()  # stream-ordered after the collective: no CPU sync needed
-            landed = torch.cuda.Event()
-            landed.record(self.stream)
-        return Handle(event=landed, kind=kind)
-
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, fill: Step = None) -> Handle:
-        self._count(out)
-        source, cast = self._gather_input(out, shard)
-        steps = [step for step in (fill, cast) if step is not None]
-        before = (lambda: [step() for step in steps]) if steps else None
-        return self._on_comm_stream(
-            lambda: gather_into(out, source, self.group, async_op=False),
-            before,
-            kind="all-gather",
-        )
-
-    def reduce_scatter(
-        self, out: torch.Tensor, full: torch.Tensor, *, before: Step = None, then: Step = None
-    ) -> Handle:
-        self._count(full)
-        return self._on_comm_stream(
-            lambda: scatter_into(out, full, self.group, async_op=False),
-            before,
-            then,
-            kind="reduce-scatter",
-        )
-
-    def wait(self, handle: Handle | None) -> None:
-        if handle is None or handle.done:
-            return
-        mark = self.clock.start(handle.kind) if self.clock is not None else None
-        torch.cuda.current_stream().wait_event(_event(handle))  # the stall: between the marks
-        if self.clock is not None:
-            self.clock.stop(mark)
-        handle.done = True  # ``then`` already ran on the communication stream
-
-    def finished(self, handle: Handle | None) -> bool:
-        return handle is None or handle.done or _event(handle).query()
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
-        self._timed_all_reduce(tensor)  # on the compute stream: exposed by construction
-
-    def all_reduce_max(self, tensor: torch.Tensor) -> int:
-        return self._max_counted(tensor)  # on the compute stream, like the sum
-
-    def all_reduce(self, tensor: torch.Tensor, *, after: Handle | None = None) -> Handle:
-        self._count_all_reduce(tensor)
-        collective = functools.partial(dist.all_reduce, tensor, group=self.group)
-        return self._on_comm_stream(collective, after=after, kind="all-reduce")
-
-
 def _work(handle: Handle) -> dist.Work:
     """A gloo handle's work (every one it issues has one)."""
     if handle.work is None:
         raise RuntimeError(f"a {handle.kind or 'collective'} handle without its work")
     return handle.work
-
-
-def _event(handle: Handle) -> torch.cuda.Event:
-    """A CUDA handle's landed event (every one it issues has one)."""
-    if handle.event is None:
-        raise RuntimeError(f"a {handle.kind or 'collective'} handle without its event")
-    return handle.event
-
-
-def make_communicator(
-    group: dist.ProcessGroup | None,
-    device: torch.device,
-    *,
-    force_group: bool = False,
-    peers: list[list[int]] | None = None,
-) -> Communicator:
-    """Pick the implementation for this device. A single process needs no process group;
-    ``force_group`` uses the group's collectives even with one rank (tests the real path).
-    ``peers``: the ranks of every group like ``group`` (shard groups, see groups.py)."""
-    initialized = dist.is_available() and dist.is_initialized()
-    if force_group and not initialized:
-        raise RuntimeError(
-            "force_process_group needs an initialised process group (one rank is enough)"
-        )
-    if not initialized or (dist.get_world_size(group) == 1 and not force_group):
-        return Communicator()
-    if device.type == "cuda":
-        return CudaStreamCommunicator(group, device)
-    return GlooCommunicator(group, peers)

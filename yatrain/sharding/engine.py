@@ -41,7 +41,7 @@ from yatrain.sharding.groups import communicators
 from yatrain.sharding.hooks import UnitHooks
 from yatrain.sharding.layout import plan_layouts
 from yatrain.sharding.shards import MasterShards
-from yatrain.sharding.sizes import PIECE_NUMEL, EngineBuffers, engine_buffers
+from yatrain.sharding.sizes import EngineBuffers, device_memory, engine_buffers, staging_budget
 from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
 from yatrain.sharding.step_state import Phase, StepState
 from yatrain.sharding.timing import IntervalClock
@@ -70,7 +70,7 @@ class ShardedEngine:
         group: dist.ProcessGroup | None = None,
         mesh: DeviceMesh | None = None,
         force_process_group: bool = False,
-        piece_numel: int = PIECE_NUMEL,
+        staging_bytes: int | None = None,
         float8: Float8Format | None = None,
     ) -> None:
         if prefetch_depth < 1:
@@ -87,7 +87,10 @@ class ShardedEngine:
         self.direct = type(self.comm) is Communicator  # one process, no group: no buffers
         self.waits = self._wait_clock()
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
-        self.prefetch_depth, self.piece_numel = prefetch_depth, piece_numel
+        self.prefetch_depth = prefetch_depth
+        if staging_bytes is None:  # auto: the same rule the planner applies (sizes.py)
+            staging_bytes = staging_budget(None, device_memory(self.device))
+        self.staging_bytes = staging_bytes
         units, norms = list(model.units()), list(model.norm_modules())
         self.n_units = len(units)
         self.reads_weights = [backward_reads_weights(unit) for unit in units]
@@ -199,7 +202,7 @@ class ShardedEngine:
         ``group`` (full sharding over it) or ``mesh`` (2-D: replicas x shard group, see
         groups.py), ``force_process_group`` (use the process group's collectives and the
         buffers even with one rank, as with many: how one GPU tests the real path),
-        ``piece_numel`` (elements per rank of one reduce-scatter piece, ``sizes.py``),
+        ``staging_bytes`` (the reduce-scatter staging budget; None: ``auto``, ``sizes.py``),
         ``float8`` (gather the weights it names in float8, ``float8.py``)."""
         return cls(model, init or InitHooks.from_seed(model, seed), device=device, **options)
 
@@ -214,7 +217,7 @@ class ShardedEngine:
             reduce_dtype=self.reduce_dtype,
             prefetch_depth=self.prefetch_depth,
             direct=self.direct,
-            piece_numel=self.piece_numel,
+            staging_bytes=self.staging_bytes,
             fp8_units=[self.gathers_fp8(i) for i in range(self.n_units)],
         )
 

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from yatrain.sharding.comm import Communicator, make_communicator
+from yatrain.sharding.comm import Communicator, GlooCommunicator
+from yatrain.sharding.cuda_comm import CudaStreamCommunicator
 
 REPLICATE, SHARD = "replicate", "shard"  # the mesh's dimension names
 
@@ -56,3 +57,25 @@ def communicators(
     replicas = mesh.size(0)
     replica = make_communicator(mesh.get_group(0), device) if replicas > 1 else None
     return shard, replica
+
+
+def make_communicator(
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    *,
+    force_group: bool = False,
+    peers: list[list[int]] | None = None,
+) -> Communicator:
+    """Pick the implementation for this device. A single process needs no process group;
+    ``force_group`` uses the group's collectives even with one rank (tests the real path).
+    ``peers``: the ranks of every group like ``group`` (shard groups, see groups.py)."""
+    initialized = dist.is_available() and dist.is_initialized()
+    if force_group and not initialized:
+        raise RuntimeError(
+            "force_process_group needs an initialised process group (one rank is enough)"
+        )
+    if not initialized or (dist.get_world_size(group) == 1 and not force_group):
+        return Communicator()
+    if device.type == "cuda":
+        return CudaStreamCommunicator(group, device)
+    return GlooCommunicator(group, peers)

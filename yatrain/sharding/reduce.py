@@ -1,18 +1,23 @@
-"""Gradient reduce-scatter in pieces, through one small staging buffer, into the fp32 shard.
+"""Gradient reduce-scatter through one staging buffer, into the fp32 shard: one collective per
+unit and micro-batch wherever the unit fits the staging budget (``sizes.py``).
 
 A unit's full gradient (``W x S`` elements at world size W, shard length S) is viewed as W
 rows of S. Piece c is the columns ``[c*s, (c+1)*s)`` of every row: copied (and cast to the
 reduce dtype) into the staging buffer, which is then exactly the input a reduce-scatter
-wants, and its result is this rank's shard elements ``[c*s, (c+1)*s)``. On a step's first
-micro-batch the result is written straight into the fp32 gradient shard; on later ones it
-goes to a piece-sized output buffer and is added. When no cast is needed and nothing is
-accumulated, the whole unit is reduce-scattered straight from its gradient into its shard.
+wants, and its result is this rank's shard elements ``[c*s, (c+1)*s)``. A unit that fits the
+budget is one piece: the whole gradient, cast by one copy. On a step's first micro-batch the
+result is written straight into the fp32 gradient shard; on later ones it goes to a
+piece-sized output buffer and is added. When no cast is needed and nothing is accumulated,
+the whole unit is reduce-scattered straight from its gradient into its shard.
 
 Pieces go out one after another, each reusing the staging buffer once the previous one is
 done with it:
 
-- CUDA (``StreamReducer``): at once, all of them: the communication stream runs them in
-  order, so the staging buffer is free for the next piece by construction.
+- CUDA (``StreamReducer``): a unit's pieces are queued together on the communication stream,
+  which runs them in order (so the staging buffer is free for the next piece by
+  construction), behind one event from the compute stream and ahead of one event back: the
+  host work of a unit's reduction is a constant number of events and stream waits, whatever
+  its piece count. Finished reductions are let go in order, from the front of the queue.
 - gloo (``ThreadReducer``): a collective must finish before its staging buffer is refilled,
   which would stall the backward pass if the training thread waited for it. A helper thread
   issues the pieces instead, one after another, on a process group of its own (so the order
@@ -30,7 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from yatrain.sharding.comm import Communicator, Handle
+from yatrain.sharding.comm import Communicator, Handle, ScatterPiece
+from yatrain.sharding.cuda_comm import CudaStreamCommunicator
+from yatrain.sharding.sizes import equal_pieces
 from yatrain.sharding.timing import IntervalClock
 
 
@@ -44,6 +51,7 @@ class ReduceJob:
     shard: torch.Tensor  # this rank's fp32 shard of the unit, S elements
     accumulate: bool
     pieces: int
+    width: int  # columns of every piece but perhaps the last
     direct: bool = False  # one reduce-scatter reading the source itself
     issued: int = 0
     landed: bool = False  # every collective finished and its result is in the shard
@@ -59,7 +67,8 @@ class ReduceJob:
 
 
 class PieceReducer:
-    """The pieces of every job, issued in submission order (see the module docstring)."""
+    """The pieces of every job, issued in submission order (see the module docstring).
+    ``piece``: the staging buffer's width per rank, the widest piece of any unit."""
 
     def __init__(
         self, comm: Communicator, staging: torch.Tensor, out: torch.Tensor, piece: int
@@ -80,37 +89,35 @@ class PieceReducer:
         added to ``previous`` (the unit's reduction of an earlier micro-batch, if any), then
         all-reduced on ``replica`` when given."""
         accumulate = previous is not None
-        if not accumulate and numel == shard.numel() * self.world and source.dtype == shard.dtype:
+        shard_len = shard.numel()
+        if not accumulate and numel == shard_len * self.world and source.dtype == shard.dtype:
             return ReduceJob(
-                source, numel, shard, accumulate, pieces=1, direct=True, replica=replica
+                source, numel, shard, accumulate, 1, shard_len, direct=True, replica=replica
             )
-        pieces = -(-shard.numel() // self.piece)
-        return ReduceJob(source, numel, shard, accumulate, pieces, replica=replica)
+        pieces, width = equal_pieces(shard_len, self.piece)  # as sizes.engine_buffers planned
+        return ReduceJob(source, numel, shard, accumulate, pieces, width, replica=replica)
 
-    def issue_piece(self, job: ReduceJob) -> Handle:
-        """Issue ``job``'s next piece; the previous piece must be done with the staging."""
+    def piece_of(self, job: ReduceJob, index: int) -> ScatterPiece:
+        """Piece ``index`` of ``job``, to be issued once the previous one is done with the
+        staging (what fills the staging runs in stream order, right before the collective);
+        the caller counts it in ``job.issued`` once it is issued."""
         source = job.source
         if source is None:
             raise RuntimeError("a reduction's piece issued after its source was let go")
         if job.direct:
-            handle = self.comm.reduce_scatter(job.shard, source[: job.numel])
-        else:
-            column = job.issued * self.piece
-            width = min(self.piece, job.shard.numel() - column)
-            staging = self.staging[: self.world * width]
-            target = job.shard.narrow(0, column, width)
-            before = functools.partial(
-                _stage_piece, source, job.numel, job.shard.numel(), staging, column, width
-            )
-            if job.accumulate or self.out.dtype != target.dtype:
-                out = self.out[:width]
-                then = functools.partial(target.add_ if job.accumulate else target.copy_, out)
-                handle = self.comm.reduce_scatter(out, staging, before=before, then=then)
-            else:  # the first micro-batch: straight into the fp32 shard
-                handle = self.comm.reduce_scatter(target, staging, before=before)
-        job.issued += 1
-        job.handles.append(handle)
-        return handle
+            return ScatterPiece(job.shard, source[: job.numel])
+        column = index * job.width
+        width = min(job.width, job.shard.numel() - column)
+        staging = self.staging[: self.world * width]
+        target = job.shard.narrow(0, column, width)
+        before = functools.partial(
+            _stage_piece, source, job.numel, job.shard.numel(), staging, column, width
+        )
+        if job.accumulate or self.out.dtype != target.dtype:
+            out = self.out[:width]
+            then = functools.partial(target.add_ if job.accumulate else target.copy_, out)
+            return ScatterPiece(out, staging, before, then)
+        return ScatterPiece(target, staging, before)  # the first micro-batch: into the shard
 
     def submit(
         self,
@@ -137,13 +144,14 @@ class PieceReducer:
 
 
 class StreamReducer(PieceReducer):
-    """CUDA: every piece is issued as soon as its job is submitted."""
+    """CUDA: a job's pieces are queued together as soon as it is submitted."""
 
     def __init__(
-        self, comm: Communicator, staging: torch.Tensor, out: torch.Tensor, piece: int
+        self, comm: CudaStreamCommunicator, staging: torch.Tensor, out: torch.Tensor, piece: int
     ) -> None:
         super().__init__(comm, staging, out, piece)
-        self.pending: list[ReduceJob] = []
+        self.stream_comm = comm
+        self.pending: deque[ReduceJob] = deque()  # submitted, source not yet let go
 
     def submit(
         self,
@@ -154,19 +162,24 @@ class StreamReducer(PieceReducer):
         replica: Communicator | None = None,
     ) -> ReduceJob:
         job = self.new_job(source, numel, shard, previous, replica)
-        while not job.fully_issued:
-            self.issue_piece(job)
-        if replica is not None:  # ordered after the last piece by its event
-            job.replica_handle = replica.all_reduce(job.shard, after=job.handles[-1])
+        pieces = [self.piece_of(job, index) for index in range(job.pieces)]
+        handle = self.stream_comm.reduce_scatter_pieces(pieces)  # two events, two waits
+        job.issued = job.pieces
+        job.handles.append(handle)
+        if replica is not None:  # ordered after the pieces by their event
+            job.replica_handle = replica.all_reduce(job.shard, after=handle)
         self.pending.append(job)
         self.pump()
         return job
 
     def pump(self) -> None:
-        """Let go of sources whose collectives have finished (autograd's gradients)."""
-        for job in self.pending:
-            if job.source is not None and all(self.comm.finished(h) for h in job.handles):
-                job.source = None
+        """Let go of the sources (autograd's gradients) of the jobs at the front of the queue
+        that have finished: the stream runs them in order, so the first unfinished one ends
+        the look (one event query per call in the steady state)."""
+        pending = self.pending
+        while pending and all(self.comm.finished(h) for h in pending[0].handles):
+            job = pending.popleft()
+            job.source, job.landed = None, True
 
     def release(self, job: ReduceJob | None) -> None:
         """Make the compute stream wait until ``job`` no longer reads its source."""
@@ -246,8 +259,13 @@ class ThreadReducer(PieceReducer):
                     job = self.queue[0]
                     self.busy = True
                 while not job.fully_issued:
-                    handle = self.issue_piece(job)  # the copy into staging is done here
+                    piece = self.piece_of(job, job.issued)
+                    handle = self.comm.reduce_scatter(
+                        piece.out, piece.full, before=piece.before, then=piece.then
+                    )  # the copy into staging is done here
+                    job.handles.append(handle)
                     with self.cond:
+                        job.issued += 1
                         self.cond.notify_all()
                     self.comm.wait(handle)  # the staging and out buffers are free again
                 job.source = None
@@ -258,7 +276,7 @@ class ThreadReducer(PieceReducer):
                     self.queue.popleft()
                     self.busy = False
                     self.cond.notify_all()
-                del job, handle  # idle: hold no gradient (nor its shard) until the next job
+                del job, handle, piece  # idle: hold no gradient (nor its shard) until the next job
         except BaseException as error:  # surfaced to the training thread
             with self.cond:
                 self.error = error
@@ -275,6 +293,11 @@ def _stage_piece(
 ) -> None:
     """Copy (and cast) columns ``[column, column + width)`` of ``source`` seen as W rows of
     ``shard_len`` into ``staging`` (W x width); elements at or past ``numel`` are zero."""
+    if width == shard_len:  # the whole unit in one piece: one cast copy (and the padding)
+        staging[:numel].copy_(source[:numel])
+        if numel < staging.numel():
+            staging[numel:].zero_()
+        return
     world = staging.numel() // width
     rows = staging.view(world, width)
     full = min(world, numel // shard_len)  # rows that exist entirely in the source

@@ -22,11 +22,15 @@ The rules, and why:
   tensor directly and needs no buffer for it.
 - A unit gathered in float8 (``float8.py``) needs one byte per element: its gather size
   counts in the run dtype's elements, so a rotation of float8 layers is half a bf16 one.
-- Reduce-scatter staging: a gradient is cast and reduce-scattered in pieces of
-  ``piece_numel`` elements per rank through one small staging buffer of ``world x piece``
-  elements in the reduce dtype; each piece's result lands in its place of the fp32 gradient
-  shard (straight into it on the first micro-batch, through one piece-sized output buffer
-  and an add on later ones). Nothing the size of a whole unit is staged.
+- Reduce-scatter staging: a unit's gradient is cast into a staging buffer in the reduce
+  dtype and reduce-scattered from it, once per unit and micro-batch wherever the unit fits
+  the staging budget (``staging_budget``: ``sharding.reduce_staging_mib``, or ``auto`` =
+  max(256 MiB, 1% of the device's memory)); a unit larger than the budget goes in the fewest
+  equal pieces that fit (``equal_pieces``). Host work then grows with the units, not the
+  parameters: each piece is a cast copy, a collective and, on CUDA, nothing else (the events
+  are per unit, ``reduce.py``). The result lands in the fp32 gradient shard (straight into
+  it on the first micro-batch, through a piece-sized output buffer and an add on later
+  ones).
 - World size 1 without a process group (``direct``): parameters are views of the shard
   (or of its bf16 copy), so there are no gather buffers, and each gradient is copied (cast)
   into the fp32 gradient shard as it arrives: no gradient buffers either. The norm group's
@@ -36,13 +40,42 @@ The rules, and why:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-PIECE_NUMEL = 2**18  # per rank: 1 MiB of fp32 per rank and piece
-STAGING_MAX_NUMEL = 2**26  # the staging buffer never exceeds 256 MiB of fp32, at any world size
+MIB = 2**20
+STAGING_FLOOR_BYTES = 256 * MIB  # ``auto`` staging: at least this much ...
+STAGING_DEVICE_SHARE = 0.01  # ... or this share of the device's memory, whichever is larger
+
+
+def staging_budget(setting_mib: float | str | None, device_memory_bytes: int | None) -> int:
+    """Bytes the reduce-scatter staging may take (``sharding.reduce_staging_mib``): the
+    setting, or for ``auto`` (``None``) max(256 MiB, 1% of the device's memory). One rule
+    on every device, so the planner and the engine agree."""
+    if setting_mib is not None and setting_mib != "auto":
+        return max(1, int(float(setting_mib) * MIB))
+    share = int(STAGING_DEVICE_SHARE * device_memory_bytes) if device_memory_bytes else 0
+    return max(STAGING_FLOOR_BYTES, share)
+
+
+def device_memory(device: torch.device) -> int | None:
+    """The memory ``auto`` staging is a share of: a GPU's total memory, a CPU's RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
+def equal_pieces(shard_numel: int, max_width: int) -> tuple[int, int]:
+    """(count, width): the fewest equal pieces of at most ``max_width`` columns that cover
+    a shard of ``shard_numel`` elements (the last one may be shorter)."""
+    count = max(1, -(-shard_numel // max(1, max_width)))
+    return count, -(-shard_numel // count)
 
 
 def padded(numel: int, world_size: int) -> int:
@@ -79,7 +112,8 @@ class EngineBuffers:
     small_gather: BufferSpec  # the norm group, gathered once per step
     small_grad: BufferSpec
     small_out: BufferSpec
-    piece_numel: int  # per rank, elements of one reduce-scatter piece
+    piece_numel: int  # per rank, elements of the widest reduce-scatter piece (0: none)
+    pieces: tuple[int, ...] = ()  # reduce-scatter pieces of each unit's gradient
 
     @property
     def edge_owns_gather(self) -> bool:
@@ -137,18 +171,19 @@ def engine_buffers(
     reduce_dtype: torch.dtype,
     prefetch_depth: int,
     direct: bool,
-    piece_numel: int = PIECE_NUMEL,
+    staging_bytes: int = STAGING_FLOOR_BYTES,
     fp8_units: Sequence[bool] = (),
 ) -> EngineBuffers:
     """The buffers for units of ``unit_numels`` elements (in forward order) on one rank.
 
     ``single_tensor[i]``: unit i has one weight tensor, so its gradient is reduced from the
     tensor autograd produces. ``direct``: world size 1 without a process group.
-    ``fp8_units[i]``: unit i is gathered in float8 (one byte per element)."""
+    ``fp8_units[i]``: unit i is gathered in float8 (one byte per element).
+    ``staging_bytes``: the reduce-scatter staging budget (``staging_budget``)."""
     if len(unit_numels) != len(single_tensor) or not unit_numels:
         raise ValueError("need one single_tensor flag per unit, and at least one unit")
-    if prefetch_depth < 1 or world_size < 1 or piece_numel < 1:
-        raise ValueError("prefetch_depth, world_size and piece_numel must be at least 1")
+    if prefetch_depth < 1 or world_size < 1 or staging_bytes < 1:
+        raise ValueError("prefetch_depth, world_size and staging_bytes must be at least 1")
     if direct and world_size != 1:
         raise ValueError("the direct path exists only at world size 1")
     if direct:
@@ -163,8 +198,11 @@ def engine_buffers(
 
     gather, edge_gather = _gather_rotation(gather_numels(sizes, fp8_units, p), ring, p)
 
-    # Reduce-scatter pieces: never larger than the largest shard, nor the staging cap.
-    piece = max(1, min(piece_numel, max(sizes) // w, STAGING_MAX_NUMEL // w))
+    # Reduce-scatter pieces: each unit in the fewest equal pieces whose staging (w columns
+    # of the piece's width) fits the budget; the staging holds the widest of them.
+    budget_width = staging_bytes // (w * r.itemsize)
+    pieces = [equal_pieces(size // w, budget_width) for size in sizes]
+    piece = max(width for _, width in pieces)
     small = padded(small_numel, w)
     return EngineBuffers(
         gather=gather,
@@ -176,6 +214,7 @@ def engine_buffers(
         small_grad=BufferSpec(1, small, p),
         small_out=_none(r) if r == torch.float32 else BufferSpec(1, small // w, r),
         piece_numel=piece,
+        pieces=tuple(count for count, _ in pieces),
     )
 
 

@@ -21,8 +21,10 @@ from yatrain.config import ModelConfig, Recipe
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import Llama, build_model
 from yatrain.plan import resolve_auto_checkpoint_layers
+from yatrain.plan.limits import staging_memory
 from yatrain.runtime.process import Runtime
 from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
+from yatrain.sharding.sizes import staging_budget
 from yatrain.topology import shard_group_size
 from yatrain.train.checkpointer import verify_init_source
 from yatrain.train.compile import compile_layers
@@ -98,6 +100,9 @@ def shard_model(
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         prefetch_depth=recipe.sharding.prefetch_depth,
         force_process_group=recipe.sharding.force_process_group,
+        staging_bytes=staging_budget(
+            recipe.sharding.reduce_staging_mib, staging_memory(recipe, runtime.device)
+        ),
         mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
         float8=float8,
     )

@@ -84,6 +84,12 @@ def _model_flags(add) -> None:
     add("--ac-layers", type=int, default=0, help="activation-checkpoint the first N decoder layers")
     add("--prefetch-depth", type=int, default=1, help="yatrain prefetch depth")
     add(
+        "--reduce-staging-mib",
+        type=lambda text: text if text == "auto" else float(text),
+        default="auto",
+        help="yatrain's reduce-scatter staging budget (sharding.reduce_staging_mib)",
+    )
+    add(
         "--compile-backend",
         default="inductor",
         choices=("inductor", "aot_eager"),

@@ -110,6 +110,7 @@ def contender_recipe(o: dict, force=False, compiled=False, float8: str | None = 
         activation_checkpoint_layers=o["ac_layers"],
         reduce_dtype=o["reduce_dtype"],
         prefetch_depth=o["prefetch_depth"],
+        reduce_staging_mib=o["reduce_staging_mib"],
         force_process_group=force,
     )
     data = DataConfig(seq_len=o["seq_len"], micro_batch_size=o["micro_batch"], global_batch_size=1)
@@ -145,7 +146,7 @@ def build_yatrain(
             model, engine, opt, micros, grad_clip=CLIP, loss_fn=loss_fn, clock=clock
         ).loss
 
-    extra = {"optimizer": type(opt).__name__ + _opt_kind(opt)}
+    extra = {"optimizer": type(opt).__name__ + _opt_kind(opt), "units": engine.n_units}
     return Trainer(step, engine_bytes=lambda: engine.bytes_sent, clock=clock, extra=extra)
 
 

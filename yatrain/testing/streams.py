@@ -1,4 +1,4 @@
-"""A CPU stand-in for ``torch.cuda`` streams and events that checks how work is ordered.
+"""Fake ``torch.cuda`` streams and events on the CPU that check how work is ordered.
 
 The engine's CUDA path (one communication stream, ordered against the compute stream by
 events only: ``yatrain/sharding/comm.py``) needs a GPU to run, and there a missing
@@ -22,14 +22,11 @@ work; the host learns what a stream has done only when it synchronises (``item()
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pytest
 import torch
-import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -288,39 +285,3 @@ def _reads_and_writes(func, args, kwargs) -> tuple[list[torch.Tensor], list[torc
         elif alias is None:
             read += _tensors(value)
     return read, written
-
-
-def _collective(order: StreamOrder, run, name: str, *, reads: bool):
-    """A collective on the current stream: it writes its first tensor argument and
-    (``reads``) reads its second. What gloo does inside it (copies into temporaries of its
-    own) is not recorded: NCCL does not do it on the engine's streams."""
-
-    @functools.wraps(run)
-    def wrapper(*args, **kwargs):
-        order.in_collective = True
-        try:
-            result = run(*args, **kwargs)
-        finally:
-            order.in_collective = False
-        order.op(name, args[1:2] if reads else (), args[:1])
-        order.counts[f"{name} on {order.current.name}"] += 1
-        return result
-
-    return wrapper
-
-
-def install(patch: pytest.MonkeyPatch) -> StreamOrder:
-    """Patch ``torch.cuda``'s streams and events and the collectives the engine calls;
-    returns the ``StreamOrder`` they report to. Record ops with ``order.recording()``."""
-    order = StreamOrder()
-    cuda = torch.cuda
-    patch.setattr(cuda, "Stream", lambda device=None, priority=0: order.new_stream())
-    patch.setattr(cuda, "Event", lambda enable_timing=False, **options: FakeEvent(order))
-    patch.setattr(cuda, "current_stream", lambda device=None: order.current)
-    patch.setattr(cuda, "default_stream", lambda device=None: order.compute)
-    patch.setattr(cuda, "stream", order.on)
-    patch.setattr(cuda, "synchronize", lambda device=None: order.synchronize())
-    collectives = [("all_gather_single", True), ("reduce_scatter_single", True)]
-    for name, reads in [*collectives, ("all_reduce", False)]:
-        patch.setattr(dist, name, _collective(order, getattr(dist, name), name, reads=reads))
-    return order
