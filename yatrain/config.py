@@ -124,6 +124,10 @@ class TrainConfig:
     # Under torchrun: a step (or a save) stuck this long in a collective (a rank hung or
     # died) ends the run with one line naming the step and the rank, instead of hanging.
     collective_timeout_s: float = _limit(600.0, gt=0)
+    # Deterministic kernels (torch.use_deterministic_algorithms, strict; cuBLAS and cuDNN
+    # settings made before CUDA starts): the same bits run after run on a GPU, a little
+    # slower; a CPU is deterministic anyway (runtime/determinism.py).
+    deterministic: bool = False
 
 
 @dataclass(kw_only=True)

@@ -23,6 +23,7 @@ from yatrain.bench import (
     compile,
     document_mask,
     guard,
+    host_cost,
     init_from,
     loop,
     pathcheck,
@@ -86,7 +87,26 @@ def run_pathcheck(tmp_path: Path, data: Path) -> None:
 def check_pathcheck(out: str) -> None:
     steps = table_rows(out, "1") + table_rows(out, "2")
     assert [row[4] for row in steps] == ["yes", "yes"]  # the buffered path = the direct one
-    assert "pathcheck: PASS" in out
+    assert [row[5] for row in steps] == ["0.00e+00", "0.00e+00"]
+    assert "deterministic kernels" in out and "pathcheck: PASS" in out
+
+
+def test_pathcheck_without_deterministic_kernels_reports_the_drift(capsys, quiet_process):
+    assert pathcheck.main([*ENGINE_SHAPE, "--nondeterministic", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "nondeterministic kernels" in out and "pg ~ direct" in out
+    assert not torch.are_deterministic_algorithms_enabled()  # the rank's, not this process's
+
+
+def run_host_cost(tmp_path: Path, data: Path) -> None:
+    assert host_cost.main([*ENGINE_SHAPE, "--dtype", "bf16", "--accum", "2"]) == 0
+
+
+def check_host_cost(out: str) -> None:
+    (scatters,) = table_rows(out, "reduce-scatters per step")
+    assert scatters[1:3] == ["9", "6"]  # 2 micro-batches x 4 units + the norms; FSDP2: 3 x 2
+    assert "reduce-scatters per micro-batch <= units: 4.0 vs 4: ok" in out
+    assert re.search(r"engine ops per step <= FSDP2's: [0-9,.]+ vs [0-9,]+: ok", out)
 
 
 def run_checkpoint(tmp_path: Path, data: Path) -> None:
@@ -177,6 +197,7 @@ SMOKE = {
     "loop": (run_loop, check_loop),
     "engine": (run_engine, check_engine),
     "pathcheck": (run_pathcheck, check_pathcheck),
+    "host_cost": (run_host_cost, check_host_cost),
     "checkpoint": (run_checkpoint, check_checkpoint),
     "guard": (run_guard, check_guard),
     "tokenization": (run_tokenization, check_tokenization),

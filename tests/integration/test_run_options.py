@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+import yaml
 from conftest import FAST, ROOT
 
 from yatrain.config import load_recipe
@@ -49,3 +52,27 @@ def test_force_process_group_trains_exactly_like_the_direct_path(small_data, tmp
     forced = run(small_data, tmp_path / "forced", 3, "sharding.force_process_group=true")
     assert forced == direct  # fp32: bit-identical losses
     assert not dist.is_initialized()  # the one-rank group was the run's own, and is gone
+
+
+def test_deterministic_mode_is_accepted_on_cpu_and_changes_nothing(
+    small_data, tmp_path, monkeypatch, recwarn
+):
+    """``train.deterministic``: torch's deterministic kernels, strictly, and cuBLAS's
+    workspace setting before CUDA starts; written into config.yaml. A CPU is deterministic
+    already: the same losses, bit for bit, and no warning."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    plain = run(small_data, tmp_path / "plain", 3)
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        strict = run(small_data, tmp_path / "strict", 3, "train.deterministic=true")
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    assert strict == plain
+    written = yaml.safe_load((tmp_path / "strict" / "config.yaml").read_text())
+    assert written["train"]["deterministic"] is True
+    assert not [str(w.message) for w in recwarn.list]

@@ -8,9 +8,15 @@ recorded and the stream waits. A per-parameter or per-piece regression changes t
 from __future__ import annotations
 
 import pytest
+from distributed import run_ranks
+from engine_reference import CFG, SEED, batches, optimizer_for
 
 from yatrain.bench.engine.cli import parse_args
 from yatrain.bench.host_cost import measure, report
+from yatrain.models.llama import build_model
+from yatrain.sharding import ShardedEngine
+from yatrain.sharding.groups import hybrid_mesh
+from yatrain.train.step import train_step
 
 ACCUM, LAYERS = 2, 2
 UNITS = LAYERS + 2  # embedding, the layers, output head
@@ -76,3 +82,26 @@ def test_engine_ops_stay_below_fsdp2(counts):
     assert found["yatrain"]["engine ops"] <= found["fsdp2"]["engine ops"]
     lines = report(found, ACCUM)
     assert all(line.endswith("ok") for line in lines if ": " in line and "<=" in line), lines
+
+
+def _replica_all_reduces(rank: int, world: int) -> list[int]:
+    """Hybrid sharding 2 x 2: the replicas' all-reduces of each step (2 micro-batches)."""
+    model = build_model(CFG, 1)
+    engine = ShardedEngine.from_model(model, device="cpu", seed=SEED, mesh=hybrid_mesh("cpu", 2))
+    opt = optimizer_for(engine.param_groups(0.1))
+    counts = []
+    for step in batches(2 * world, steps=2):
+        mine = step[2 * rank : 2 * rank + 2]
+        micros = [(mine[i : i + 1, :-1], mine[i : i + 1, 1:]) for i in range(2)]
+        before = engine.replica_comm.entered
+        train_step(model, engine, opt, micros, grad_clip=0.5)
+        counts.append(engine.replica_comm.entered - before)
+    return counts
+
+
+def test_hybrid_sharding_all_reduces_each_shard_once_a_step():
+    """A guard: across replicas, one all-reduce per unit's shard and one for the norm group,
+    per step (not per micro-batch, not per piece)."""
+    units = CFG.n_layers + 2
+    for counts in run_ranks(4, _replica_all_reduces):
+        assert counts == [units + 1, units + 1]

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError, YatrainError
+from yatrain.runtime.determinism import set_deterministic
 from yatrain.runtime.failures import explain, lost_peer
 from yatrain.runtime.process import init_runtime
 from yatrain.train.evaluate import Evaluation
@@ -50,6 +51,7 @@ def pretrain(
     counted on CPU (none)."""
     if steps is not None:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=steps))
+    set_deterministic(recipe.train.deterministic)  # before CUDA starts (cuBLAS reads it then)
     runtime = init_runtime(
         recipe.train.collective_timeout_s + BACKSTOP_S,
         single_rank_group=recipe.sharding.force_process_group or recipe.checkpoint.background,

@@ -51,6 +51,7 @@ from yatrain.bench.engine.report import report
 from yatrain.bench.measure import load_average
 from yatrain.common import DTYPES
 from yatrain.config import LOSS_CHUNK_TOKENS
+from yatrain.runtime.determinism import deterministic_cublas
 
 
 def _model_flags(add) -> None:
@@ -101,6 +102,11 @@ def _model_flags(add) -> None:
 def _run_flags(add) -> None:
     """How the contenders are run and measured."""
     add("--device", choices=("cpu", "cuda"), default="cpu")
+    add(
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels in every rank (train.deterministic)",
+    )
     add("--world-size", type=int, default=2)
     add(
         "--contenders",
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load average {load_average()} on {os.cpu_count()} CPUs",
         flush=True,
     )
+    if args.deterministic:
+        deterministic_cublas()  # inherited by a spawned rank before it starts CUDA
     agg = run_all(args)
     report(args, agg)
     print(f"load average at the end: {load_average()} on {os.cpu_count()} CPUs")

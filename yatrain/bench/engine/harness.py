@@ -27,6 +27,7 @@ from yatrain.bench.measure import hwm_bytes, median, reset_hwm, rss_bytes, trim_
 from yatrain.bench.traffic import CommCounter
 from yatrain.common import format_bytes
 from yatrain.harness.ranks import run_ranks
+from yatrain.runtime.determinism import set_deterministic
 
 
 def rank_batches(o: dict, rank: int, world: int, n_steps: int, device) -> list[list]:
@@ -46,6 +47,8 @@ def rank_batches(o: dict, rank: int, world: int, n_steps: int, device) -> list[l
 
 
 def _device(o: dict, rank: int) -> torch.device:
+    """This rank's device, with deterministic kernels when ``--deterministic`` asks."""
+    set_deterministic(o["deterministic"])
     if o["device"] == "cuda":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
