@@ -2,20 +2,34 @@
 # One-GPU benchmark, bf16 weights with fp32 masters and fp32 gradient reduction, on a
 # Llama-shaped model big enough to keep an H100/H200 busy (dim 2048, 16 layers, 16 heads /
 # 8 kv heads, ffn 5632, vocab 32000: ~0.89B parameters; seq 2048 x micro-batch 4 = 8192
-# tokens per step). It runs in sections, each inside its own time budget (seconds), all of
-# them inside one lease of a lent GPU (10 minutes a command):
+# tokens per step). It runs in sections, each inside its own time budget (seconds); the
+# default ones (engine, pathcheck, hostcost, profile) finish inside 6 minutes on one H200,
+# the engine's step ratios first, so a run cut short still says what matters most:
 #
-# pathcheck (60)  python -m yatrain.bench.pathcheck: the engine's buffered path
-#                 (force_process_group: a one-rank NCCL group, the gather and gradient
-#                 buffers, the reduce-scatter pieces, the communication stream and its events)
-#                 trains 4 steps from the same weights on the same batches as its direct path
-#                 (identical losses required) and as a bare PyTorch step (autocast; losses
-#                 within 1%). A failure stops the script before any timing.
-# engine (170)    python -m yatrain.bench.engine: yatrain (direct path, plain loss), yatrain-pg
-#                 (the buffered path), yatrain-chunked (the loss yatrain pretrain uses), a bare
-#                 PyTorch step and FSDP2, each in freshly spawned processes with a one-rank NCCL
-#                 group, interleaved across repeats: tokens/s, MFU (vs the bf16 dense peak, 989
-#                 TFLOP/s on H100/H200), peak allocated and reserved CUDA memory, ratios.
+# engine (200)    python -m yatrain.bench.engine: yatrain (direct path), yatrain-pg (the buffered
+#                 path every multi-GPU run takes), yatrain-pg-noclock (the same without the step
+#                 clock yatrain pretrain always runs: its cost), a bare PyTorch step and FSDP2,
+#                 each in freshly spawned processes with a one-rank NCCL group, interleaved
+#                 across repeats. Prints the step ratios as soon as the timing repeats end, then
+#                 the memory runs, then the table: tokens/s, MFU (vs the bf16 dense peak, 989
+#                 TFLOP/s on H100/H200), peak allocated and reserved CUDA memory, ratios, and the
+#                 targets (yatrain-pg step <= 1.0x FSDP2's, peak allocated <= FSDP2's).
+# pathcheck (60)  python -m yatrain.bench.pathcheck, deterministic kernels (train.deterministic):
+#                 the buffered path trains 4 steps from the same weights on the same batches as
+#                 its direct path (bitwise equal losses required) and as a bare PyTorch step
+#                 (autocast; within 1%).
+# hostcost (40)   python -m yatrain.bench.host_cost: host work per step counted on this machine's
+#                 CPUs (world 2, gloo): collectives by kind, the engine's ATen ops in every
+#                 thread and, on the CUDA path over fake streams, events and stream waits; yatrain
+#                 vs FSDP2 on a dim-1024 model.
+# profile (60)    python -m yatrain.bench.host_profile: torch.profiler over 3 steps of the
+#                 buffered path: the top 15 host ops by self CPU time, the step's wall time and
+#                 the host time in ops.
+#
+# Not in the default list (run them as `--sections NAME,...`):
+#
+# reductions      the engine section of the previous default: yatrain-chunked (the loss
+#                 yatrain pretrain uses) beside yatrain and FSDP2.
 # compile (230)   the same benchmark with every decoder layer compiled by inductor: yatrain and
 #                 FSDP2, eager and compiled, side by side (train.compile; FSDP2 in torchtitan's
 #                 order: checkpointing, torch.compile per block, fully_shard). Each repeat
@@ -25,8 +39,7 @@
 #                 all-gather, scales precomputed after each step, as torchtitan runs it), beside
 #                 yatrain-compile and fsdp2-compile in bf16. Needs torchao 0.18.0, torch >= 2.11
 #                 and compute capability >= 8.9; without them it says why in one line and skips.
-#                 Not in the default list (the three above fill one 10-minute command): run it
-#                 as `--sections pathcheck,float8`.
+#                 Run it as `--sections float8`.
 # sanitizer (240) a few steps of a small model on the engine's CUDA stream path under
 #                 TORCH_CUDA_SANITIZER=1 (PyTorch's CUDA sanitizer: each kernel's reads and
 #                 writes per stream, checked against the events between streams): the
@@ -50,7 +63,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON="${PYTHON:-python}"
 
-SECTIONS="pathcheck,engine,compile"
+SECTIONS="engine,pathcheck,hostcost,profile"
 if [ "${1:-}" = "--sections" ]; then
   SECTIONS="$2"
   shift 2
@@ -88,15 +101,27 @@ section() {
   return "$rc"
 }
 
-if wanted pathcheck; then
-  section pathcheck 60 "$PYTHON" -m yatrain.bench.pathcheck "${SHAPE[@]}" "$@" \
-    --warmup 0 --steps 4 || { echo "pathcheck failed: no timing"; exit 1; }
-fi
 status=0
 if wanted engine; then
-  section engine 170 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
-    --contenders yatrain,yatrain-pg,yatrain-chunked,bare,fsdp2 \
-    --warmup 3 --steps 15 --repeats 3 "${SHAPE[@]}" "$@" || status=1
+  section engine 200 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+    --contenders yatrain,yatrain-pg,yatrain-pg-noclock,bare,fsdp2 \
+    --warmup 3 --steps 10 --repeats 2 --mem-steps 2 "${SHAPE[@]}" "$@" || status=1
+fi
+if wanted pathcheck; then
+  section pathcheck 60 "$PYTHON" -m yatrain.bench.pathcheck "${SHAPE[@]}" "$@" \
+    --warmup 0 --steps 4 || status=1
+fi
+if wanted hostcost; then  # on the CPUs: counts do not depend on the device
+  section hostcost 40 "$PYTHON" -m yatrain.bench.host_cost || status=1
+fi
+if wanted profile; then
+  section profile 60 "$PYTHON" -m yatrain.bench.host_profile "${SHAPE[@]}" "$@" \
+    --warmup 3 --steps 3 || status=1
+fi
+if wanted reductions; then
+  section reductions 170 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+    --contenders yatrain,yatrain-chunked,fsdp2 \
+    --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
 fi
 if wanted compile; then
   section compile 230 "$PYTHON" -m yatrain.bench.engine --world-size 1 \

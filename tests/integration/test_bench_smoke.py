@@ -9,6 +9,7 @@ are checked to refuse in one line on a machine without one.
 
 from __future__ import annotations
 
+import importlib
 import re
 import runpy
 from pathlib import Path
@@ -24,6 +25,7 @@ from yatrain.bench import (
     document_mask,
     guard,
     host_cost,
+    host_profile,
     init_from,
     loop,
     pathcheck,
@@ -31,6 +33,7 @@ from yatrain.bench import (
     tokenization,
 )
 from yatrain.bench.engine import cli as engine
+from yatrain.bench.engine.contenders import CONTENDERS
 
 TINY = ROOT / "recipes" / "tiny.yaml"
 SETS = [f"--set={override}" for override in FAST]  # the tiny recipe at test size
@@ -107,6 +110,15 @@ def check_host_cost(out: str) -> None:
     assert scatters[1:3] == ["9", "6"]  # 2 micro-batches x 4 units + the norms; FSDP2: 3 x 2
     assert "reduce-scatters per micro-batch <= units: 4.0 vs 4: ok" in out
     assert re.search(r"engine ops per step <= FSDP2's: [0-9,.]+ vs [0-9,]+: ok", out)
+
+
+def run_host_profile(tmp_path: Path, data: Path) -> None:
+    assert host_profile.main(ENGINE_SHAPE) == 0
+
+
+def check_host_profile(out: str) -> None:
+    assert re.search(r"host_profile: yatrain-pg .* [0-9.]+ s a step \(profiled\)", out)
+    assert "Self CPU" in out and "aten::" in out  # torch.profiler's own table
 
 
 def run_checkpoint(tmp_path: Path, data: Path) -> None:
@@ -198,6 +210,7 @@ SMOKE = {
     "engine": (run_engine, check_engine),
     "pathcheck": (run_pathcheck, check_pathcheck),
     "host_cost": (run_host_cost, check_host_cost),
+    "host_profile": (run_host_profile, check_host_profile),
     "checkpoint": (run_checkpoint, check_checkpoint),
     "guard": (run_guard, check_guard),
     "tokenization": (run_tokenization, check_tokenization),
@@ -229,7 +242,11 @@ def test_benchmark_runs_tiny_and_prints_its_result(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-@pytest.mark.parametrize("entry", [engine.main, pathcheck.main], ids=["engine", "pathcheck"])
+@pytest.mark.parametrize(
+    "entry",
+    [engine.main, pathcheck.main, host_profile.main],
+    ids=["engine", "pathcheck", "profile"],
+)
 def test_gpu_benchmarks_refuse_in_one_line_without_a_gpu(entry, capsys):
     assert entry(["--device", "cuda", *ENGINE_SHAPE]) == 1
     captured = capsys.readouterr()
@@ -254,3 +271,18 @@ def test_script_shims_import_their_benchmark(script):
     """``python scripts/bench_*.py`` is the benchmark's ``main``: the shim's import works."""
     names = runpy.run_path(str(ROOT / "scripts" / script), run_name="smoke")
     assert callable(names["main"])
+
+
+def test_the_gpu_script_runs_the_engine_first_and_names_real_modules():
+    """bench_gpu.sh (run only where a GPU is lent, so checked here on paper): its default
+    sections each have a handler, the engine's ratios come first, every module it runs
+    exists, and every contender it names is one."""
+    script = (ROOT / "scripts" / "bench_gpu.sh").read_text()
+    defaults = re.search(r'^SECTIONS="([^"]+)"', script, re.M).group(1).split(",")
+    assert defaults[0] == "engine" and {"pathcheck", "hostcost", "profile"} <= set(defaults)
+    for name in defaults:
+        assert f"if wanted {name}; then" in script
+    for module in set(re.findall(r"-m (yatrain\.bench\.[a-z_.]+)", script)):
+        importlib.import_module(module)
+    for listed in re.findall(r"--contenders ([a-z0-9,-]+)", script):
+        assert set(listed.split(",")) <= set(CONTENDERS), listed

@@ -7,6 +7,8 @@
   cross-entropy, chunk by chunk), exactly what ``yatrain pretrain`` runs: the product.
 - yatrain-pg: yatrain with ``force_process_group``: the buffered path (gathers,
   reduce-scatters, the communication stream) even with one rank.
+- yatrain-pg-noclock: the same without the step clock ``yatrain pretrain`` always runs (the
+  breakdown's timing pairs): the difference is what the clock costs.
 - fsdp2: ``fully_shard`` on every decoder layer, then the root, ``MixedPrecisionPolicy``,
   foreach AdamW over the DTensor parameters; reduce-scatters every micro-batch.
 - yatrain-compile, fsdp2-compile: the same two with every decoder layer compiled
@@ -60,6 +62,7 @@ CONTENDERS = (
     "yatrain",
     "yatrain-chunked",
     "yatrain-pg",
+    "yatrain-pg-noclock",
     "yatrain-compile",
     "fsdp2",
     "fsdp2-compile",
@@ -134,12 +137,13 @@ def build_yatrain(
     force=False,
     compiled=False,
     float8: str | None = None,
+    timed=True,
 ) -> Trainer:
     recipe = contender_recipe(o, force, compiled, float8)
     model, engine = build_model_and_engine(recipe, Runtime.of_caller_group(device))
     opt = build_optimizer(engine.param_groups(WEIGHT_DECAY), OPTIM)
 
-    clock = StepClock(engine, device)
+    clock = StepClock(engine, device) if timed else None
 
     def step(micros):
         return train_step(
@@ -232,6 +236,7 @@ BUILDERS = {
     "yatrain": build_yatrain,
     "yatrain-chunked": lambda o, device: build_yatrain(o, device, loss_fn=model_loss),
     "yatrain-pg": lambda o, device: build_yatrain(o, device, force=True),
+    "yatrain-pg-noclock": lambda o, device: build_yatrain(o, device, force=True, timed=False),
     "yatrain-compile": lambda o, device: build_yatrain(o, device, compiled=True),
     "fsdp2": build_fsdp2,
     "fsdp2-compile": lambda o, device: build_fsdp2(o, device, compiled=True),

@@ -258,8 +258,21 @@ def run_memory(args: argparse.Namespace, o: dict, kw: dict, agg: dict[str, dict]
         print(f"  {name:8s} MemTracker live-tensor peak {peak}")
 
 
+def step_ratios(agg: dict[str, dict]) -> str:
+    """Each contender's median step and its ratio to FSDP2's (else the bare step's): what
+    the timing repeats alone say, printed before the memory runs so a run cut short at its
+    time budget still reports it."""
+    med = {c: median(a["times"]) for c, a in agg.items() if a["times"]}
+    ref = "fsdp2" if "fsdp2" in med else ("bare" if "bare" in med else None)
+    cells = [
+        f"{c} {t:.4f}s" + (f" ({t / med[ref]:.3f}x {ref})" if ref else "") for c, t in med.items()
+    ]
+    return "step ratios (medians of the timing repeats): " + "; ".join(cells)
+
+
 def run_all(args: argparse.Namespace) -> dict[str, dict]:
-    """Timing repeats, then memory runs, then (``--profile``) one profiled timing run."""
+    """Timing repeats (their step ratios printed at once), then memory runs, then
+    (``--profile``) one profiled timing run."""
     o = {k: v for k, v in vars(args).items() if k not in ("contenders",)}
     kw = dict(
         backend="nccl" if args.device == "cuda" else "gloo",
@@ -271,6 +284,7 @@ def run_all(args: argparse.Namespace) -> dict[str, dict]:
         for c in args.contenders
     }
     run_timing(args, o, kw, agg)
+    print(step_ratios(agg), flush=True)
     run_memory(args, o, kw, agg)
     if args.profile:
         results = run_ranks(args.world_size, time_rank, o, list(args.contenders), True, **kw)
