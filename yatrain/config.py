@@ -159,7 +159,7 @@ class ShardingConfig:
     # Reduce-scatter staging budget in MiB: one reduce-scatter per unit wherever its gradient
     # in the reduce dtype fits, else the fewest equal pieces that do; "auto" = max(256 MiB,
     # 1% of the device's memory) (sharding/sizes.py).
-    reduce_staging_mib: float | Literal["auto"] = _limit("auto", gt=0)
+    reduce_staging_mib: float | Literal["auto"] = _limit("auto", gt=0, le=2**20)  # <= 1 TiB
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
     gpu_memory_gib: float | None = _limit(None, gt=0)
     # true: one process also runs the multi-rank path in a one-rank group (checks it on one

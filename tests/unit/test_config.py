@@ -324,3 +324,26 @@ def test_check_vocab():
     check_vocab(r, 4000)
     with pytest.raises(ConfigError, match=r"'model\.vocab_size'.*at least 5000"):
         check_vocab(r, 5000)
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (0, "must be positive"),
+        (-5, "must be positive"),
+        (1e308, "must be at most 1,048,576"),
+        ("lots", "must be a number or 'auto'"),
+        (True, "must be a number or 'auto'"),
+    ],
+)
+def test_reduce_staging_budget_refusals(value, expected):
+    msg = error(set_key(tiny(), "sharding.reduce_staging_mib", value))
+    assert "sharding.reduce_staging_mib" in msg and expected in msg
+
+
+def test_reduce_staging_budget_accepts_auto_and_mebibytes():
+    default = recipe_from_dict(drop_key(tiny(), "sharding.reduce_staging_mib"))
+    assert default.sharding.reduce_staging_mib == "auto"
+    for value in ("auto", 64, 0.5):
+        recipe = recipe_from_dict(set_key(tiny(), "sharding.reduce_staging_mib", value))
+        assert recipe.sharding.reduce_staging_mib == value

@@ -96,9 +96,14 @@ def engine_state_bytes(
 ) -> dict[str, int]:
     """Bytes per rank of every tensor the engine and AdamW keep for the whole run (the
     fp32 gradient shards, which they do not, are ``GradientShards``)."""
-    units, small, buffers = engine_layout(
+    layout = engine_layout(
         m, world, dtype, reduce_dtype, prefetch_depth, direct, float8, staging_bytes
     )
+    return state_bytes(*layout, dtype)
+
+
+def state_bytes(units: int, small: int, buffers: EngineBuffers, dtype: str) -> dict[str, int]:
+    """``engine_state_bytes`` from an ``engine_layout`` already made."""
     shards = units + small
     copy = buffers.gather.count == 0 and dtype != "fp32"  # one process, bf16
     return {
@@ -144,6 +149,8 @@ class MemoryPlan:
     min_gpus: int | None = None  # when nothing fits: the smallest GPU count (group) that does
     recipe_setting: dict = field(default_factory=dict)
     shard_group_size: int = 0  # the state is sharded over this many GPUs (HSDP: < world)
+    # The reduce-scatter staging: its budget, what it holds, each unit's pieces (sizes.py).
+    staging: dict = field(default_factory=dict)
     traffic: dict = field(default_factory=dict)  # per-step bytes per GPU (layout.py)
 
     def to_json(self) -> dict:
@@ -166,10 +173,11 @@ def plan_for_layers(
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
     group = planned_group(recipe, world_size)  # the state is sharded over the shard group
     direct = group == 1 and not s.force_process_group
-    staging = staging_budget(s.reduce_staging_mib, device_memory_bytes or gpu_memory_bytes)
-    state = engine_state_bytes(
-        m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8, staging
+    budget = staging_budget(s.reduce_staging_mib, device_memory_bytes or gpu_memory_bytes)
+    layout = engine_layout(
+        m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8, budget
     )
+    state, buffers = state_bytes(*layout, dtype), layout[2]
     acts = ActivationSizes.of(
         m,
         data.seq_len,
@@ -205,6 +213,7 @@ def plan_for_layers(
         full_layer_bytes=acts.full_layer,
         checkpointed_layer_bytes=acts.checkpointed_layer,
         shard_group_size=group,
+        staging={"budget": budget, "bytes": buffers.staging.bytes, "pieces": buffers.pieces},
     )
 
 

@@ -95,6 +95,21 @@ def traffic_lines(plan: MemoryPlan) -> list[str]:
     return lines
 
 
+def staging_line(plan: MemoryPlan, recipe: Recipe) -> list[str]:
+    """The reduce-scatter staging and the pieces it cuts each unit's gradient into."""
+    pieces = plan.staging.get("pieces")
+    if not pieces:  # one process: nothing to reduce
+        return []
+    low, high = min(pieces), max(pieces)
+    count = f"{low}" if low == high else f"{low}-{high}"
+    setting = recipe.sharding.reduce_staging_mib
+    return [
+        f"reduce-scatter staging: {format_bytes(plan.staging['bytes'], 'MiB')} of a "
+        f"{format_bytes(plan.staging['budget'], 'MiB')} budget (sharding.reduce_staging_mib "
+        f"{setting}): {count} reduce-scatter(s) per unit and micro-batch"
+    ]
+
+
 def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str) -> str:
     """The human-readable report of ``yatrain plan``."""
     k, n = plan.activation_checkpoint_layers, plan.n_layers
@@ -131,6 +146,7 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         f"  {'peak':<44} {_gib(plan.peak_bytes_per_gpu):>8} GiB of "
         f"{_gib(plan.gpu_memory_bytes)}: {verdict}",
         f"per decoder layer: {full} of activations, {ckpt} when checkpointed",
+        *staging_line(plan, recipe),
         f"answer: {explain(plan)}",
     ]
     own = plan.recipe_setting
