@@ -1,0 +1,95 @@
+"""Context parallelism on the training side: a micro-batch's windows cut for this rank, and
+attention over the window's gathered keys and values.
+
+Every rank of a CP group reads the same windows (its data rank's slice of the global batch).
+Document ids and rotary positions are computed on the whole window first (the loader's
+``attention_inputs``), then inputs, targets, ids and positions are cut into this rank's two
+chunks (``sharding.context.ContextGroup.split``), so RoPE sees each token's place in the
+window and the document mask follows the window's documents. The model gets the chunks, their
+positions and a ``GatheredAttention`` as its ``attention`` (``models.llama.Attend``): in
+every layer it gathers the window's keys and values (one all-gather, reduce-scattered in the
+backward) and attends each local chunk's queries to the keys up to the chunk's end.
+
+The loss: each rank's loss is the mean over its own chunks' tokens (every rank holds the same
+number), so the engine's gradient factor 1 / (world x micro-batches) gives the mean over the
+global batch, as without CP.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from yatrain.models.llama import document_causal_mask
+from yatrain.sharding.context import ContextGroup
+
+
+class GatheredAttention:
+    """One micro-batch's attention under CP (``Attend``): the local queries of chunk ``j``
+    against the window's keys ``0 .. end of chunk j``, causally aligned to the chunk's place
+    in the window (lower right: SDPA's ``is_causal`` aligns top left, wrong here), within
+    documents when ``document_ids`` [B, T] (the whole window's) are given."""
+
+    def __init__(
+        self, group: ContextGroup, seq_len: int, document_ids: torch.Tensor | None
+    ) -> None:
+        self.group = group
+        width = seq_len // (2 * group.size)
+        # (first local query row, its chunk's start in the window, the chunk's end)
+        self.spans = [
+            (i * width, chunk * width, (chunk + 1) * width) for i, chunk in enumerate(group.chunks)
+        ]
+        self.masks: list[torch.Tensor | object] = [
+            causal_lower_right(width, stop)
+            if document_ids is None
+            else document_causal_mask(document_ids, start, stop)
+            for _, start, stop in self.spans
+        ]
+        self.width = width
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [B, heads, 2 w, D], k, v [B, kv heads, 2 w, D] this rank's -> [B, heads, 2 w, D]."""
+        keys, values = self.group.gather(torch.stack([k, v]), dim=3).unbind(0)
+        outs = [
+            F.scaled_dot_product_attention(
+                q[:, :, row : row + self.width],
+                keys[:, :, :stop],
+                values[:, :, :stop],
+                attn_mask=mask,
+                enable_gqa=True,
+            )
+            for (row, _, stop), mask in zip(self.spans, self.masks, strict=True)
+        ]
+        return torch.cat(outs, dim=2)
+
+
+class ContextParallel:
+    """This rank's part of each window, and the attention that joins the parts."""
+
+    def __init__(self, group: ContextGroup) -> None:
+        self.group = group
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank sent in the K/V collectives (forward gathers, backward
+        reduce-scatters, a checkpointed layer's re-gathers)."""
+        return self.group.bytes_sent
+
+    def localize(
+        self, inputs: torch.Tensor, targets: torch.Tensor, extra: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Whole windows (inputs, targets [B, T], the model inputs computed on them) ->
+        this rank's chunks, their window positions and the attention over the window."""
+        batch, seq_len = inputs.shape
+        positions = extra.get("positions")
+        if positions is None:
+            positions = torch.arange(seq_len, device=inputs.device).expand(batch, seq_len)
+        split = self.group.split
+        attention = GatheredAttention(self.group, seq_len, extra.get("document_ids"))
+        local = {"positions": split(positions), "attention": attention}
+        return split(inputs), split(targets), local
