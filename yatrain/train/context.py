@@ -21,8 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from yatrain.config import Recipe
 from yatrain.models.llama import document_causal_mask
+from yatrain.runtime.process import Runtime
 from yatrain.sharding.context import ContextGroup
+from yatrain.sharding.timing import IntervalClock
+from yatrain.topology import context_parallel
 
 
 class GatheredAttention:
@@ -70,9 +74,24 @@ class ContextParallel:
     def __init__(self, group: ContextGroup) -> None:
         self.group = group
 
+    @classmethod
+    def of_recipe(cls, recipe: Recipe, runtime: Runtime) -> ContextParallel | None:
+        """``sharding.context_parallel`` over this run's ranks (collective), or None at 1."""
+        size = context_parallel(recipe, runtime.world_size)
+        return cls(ContextGroup.build(size, runtime.device)) if size > 1 else None
+
     @property
     def size(self) -> int:
         return self.group.size
+
+    def data_rank(self, rank: int) -> int:
+        """Which slice of the global batch ``rank`` reads: its CP group's."""
+        return rank // self.size
+
+    def time_waits(self, clock: IntervalClock) -> None:
+        """Count the waits on K/V collectives as exposed communication (the engine's
+        ``waits`` clock)."""
+        self.group.comm.clock = clock
 
     @property
     def bytes_sent(self) -> int:
