@@ -25,7 +25,6 @@ def check_shapes(r: Recipe) -> None:
     too_deep = n_ckpt != "auto" and n_ckpt > m.n_layers  # "auto" never exceeds the depth
     rs = m.rope_scaling
     band = rs is not None and rs.high_freq_factor <= rs.low_freq_factor
-    cp = r.sharding.context_parallel
     checks = [
         (
             m.dim % m.n_heads,
@@ -46,12 +45,6 @@ def check_shapes(r: Recipe) -> None:
             data.seq_len > m.max_seq_len,
             f"'data.seq_len' ({data.seq_len}) exceeds "
             f"'model.max_seq_len' ({m.max_seq_len}); lower one or raise the other",
-        ),
-        (
-            cp > 1 and data.seq_len % (2 * cp),
-            f"'data.seq_len' ({data.seq_len}) is not a multiple of 2 x "
-            f"'sharding.context_parallel' = {2 * cp} (each rank holds 2 of {2 * cp} equal "
-            f"chunks of a window); use e.g. {-(-data.seq_len // (2 * cp)) * 2 * cp}",
         ),
         (
             gbs % micro,
@@ -78,6 +71,18 @@ def check_shapes(r: Recipe) -> None:
         if failed:
             raise ConfigError(message)
     _check_sources(data)
+    _check_context_parallel(r)
+
+
+def _check_context_parallel(r: Recipe) -> None:
+    """A window is cut into 2 x CP equal chunks."""
+    cp, seq_len = r.sharding.context_parallel, r.data.seq_len
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(
+            f"'data.seq_len' ({seq_len}) is not a multiple of 2 x 'sharding.context_parallel' "
+            f"= {2 * cp} (each rank holds 2 of {2 * cp} equal chunks of a window); use e.g. "
+            f"{-(-seq_len // (2 * cp)) * 2 * cp}"
+        )
 
 
 def _check_sources(data: DataConfig) -> None:

@@ -102,10 +102,7 @@ def setup(
     loggers = Loggers(runtime, progress)
     layers = check_recipe(recipe, runtime, checks.fit, loggers.say)
     context = ContextParallel.of_recipe(recipe, runtime)
-    loader = build_loader(recipe, runtime, loggers, context)
-    evaluator = build_evaluator(
-        recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id), context=context
-    )
+    loader, evaluator = build_inputs(recipe, runtime, loggers, context)
     run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     checkpointer = compiler = None
@@ -264,6 +261,15 @@ def claim_run_dir(
     if isinstance(answer, ConfigError):
         raise answer
     return Path(answer), lock
+
+
+def build_inputs(
+    recipe: Recipe, runtime: Runtime, loggers: Loggers, context: ContextParallel | None
+) -> tuple[BatchLoader, Evaluator]:
+    """The training batches and the held-out data this rank reads (its CP group's)."""
+    loader = build_loader(recipe, runtime, loggers, context)
+    tokenizer = (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
+    return loader, build_evaluator(recipe, runtime, tokenizer, context=context)
 
 
 def build_loader(
