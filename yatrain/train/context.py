@@ -18,54 +18,13 @@ global batch, as without CP.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from yatrain.config import Recipe
-from yatrain.models.llama import document_causal_mask
 from yatrain.runtime.process import Runtime
 from yatrain.sharding.context import ContextGroup
 from yatrain.sharding.timing import IntervalClock
 from yatrain.topology import context_parallel
-
-
-class GatheredAttention:
-    """One micro-batch's attention under CP (``Attend``): the local queries of chunk ``j``
-    against the window's keys ``0 .. end of chunk j``, causally aligned to the chunk's place
-    in the window (lower right: SDPA's ``is_causal`` aligns top left, wrong here), within
-    documents when ``document_ids`` [B, T] (the whole window's) are given."""
-
-    def __init__(
-        self, group: ContextGroup, seq_len: int, document_ids: torch.Tensor | None
-    ) -> None:
-        self.group = group
-        width = seq_len // (2 * group.size)
-        # (first local query row, its chunk's start in the window, the chunk's end)
-        self.spans = [
-            (i * width, chunk * width, (chunk + 1) * width) for i, chunk in enumerate(group.chunks)
-        ]
-        self.masks: list[torch.Tensor | object] = [
-            causal_lower_right(width, stop)
-            if document_ids is None
-            else document_causal_mask(document_ids, start, stop)
-            for _, start, stop in self.spans
-        ]
-        self.width = width
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [B, heads, 2 w, D], k, v [B, kv heads, 2 w, D] this rank's -> [B, heads, 2 w, D]."""
-        keys, values = self.group.gather(torch.stack([k, v]), dim=3).unbind(0)
-        outs = [
-            F.scaled_dot_product_attention(
-                q[:, :, row : row + self.width],
-                keys[:, :, :stop],
-                values[:, :, :stop],
-                attn_mask=mask,
-                enable_gqa=True,
-            )
-            for (row, _, stop), mask in zip(self.spans, self.masks, strict=True)
-        ]
-        return torch.cat(outs, dim=2)
+from yatrain.train.gathered_attention import GatheredAttention
 
 
 class ContextParallel:
