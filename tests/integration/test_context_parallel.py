@@ -3,12 +3,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from distributed import run_ranks
-from engine_reference import CFG, batches, max_rel, reference
+from engine_reference import CFG, batches, engine_for, max_rel, reference, run_steps
+
+from yatrain.config import RopeScaling
+from yatrain.models.llama import build_model
+from yatrain.sharding.context import ContextGroup
+from yatrain.train.context import ContextParallel
 
 CLIP, TOL = 1.0, 1e-5
+# Llama 3.1's rotary scaling, reaching past an "original" context of 8 tokens: RoPE must
+# see each token's place in the window
+SCALED = dataclasses.replace(
+    CFG, rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=8)
+)
 
 
 def documents(inputs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -21,15 +33,9 @@ def documents(inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"document_ids": starts.cumsum(dim=1), "positions": index - first}
 
 
-def _train_and_count(rank, world, data, micro, ckpt, cp, model_inputs):
+def _train_and_count(rank, world, data, micro, ckpt, cp, model_inputs, cfg=CFG):
     """Train, and the bytes this rank's K/V collectives sent over the run."""
-    from engine_reference import engine_for, run_steps
-
-    from yatrain.models.llama import build_model
-    from yatrain.sharding.context import ContextGroup
-    from yatrain.train.context import ContextParallel
-
-    model = build_model(CFG, ckpt)
+    model = build_model(cfg, ckpt)
     engine = engine_for(model)
     context = ContextParallel(ContextGroup.build(cp, "cpu"))
     losses, norms = run_steps(model, engine, rank, world, data, micro, CLIP, context, model_inputs)
@@ -48,18 +54,18 @@ def kv_bytes_per_run(data, world, micro, ckpt, cp) -> int:
 
 
 @pytest.mark.parametrize(
-    ("world", "cp", "micro", "ckpt", "masked", "seq"),
+    ("world", "cp", "micro", "ckpt", "masked", "seq", "cfg"),
     [
-        (2, 2, 2, 1, False, 12),  # CP 2, 4 micro-batches, one checkpointed layer
-        (4, 2, 2, 1, True, 12),  # 2 data x 2 CP, 2 micro-batches, documents masked
-        (4, 4, 4, 0, False, 16),  # CP 4 with 2 KV heads (of 4)
+        (2, 2, 2, 1, False, 12, CFG),  # CP 2, 4 micro-batches, one checkpointed layer
+        (4, 2, 2, 1, True, 12, CFG),  # 2 data x 2 CP, 2 micro-batches, documents masked
+        (4, 4, 4, 0, False, 16, SCALED),  # CP 4 with 2 KV heads (of 4), rope_scaling
     ],
 )
-def test_context_parallel_equals_one_process(world, cp, micro, ckpt, masked, seq):
+def test_context_parallel_equals_one_process(world, cp, micro, ckpt, masked, seq, cfg):
     data = batches(8, seq=seq)
     inputs = documents if masked else None
-    want_losses, want_norms, _ = reference(data, CLIP, model_inputs=inputs)
-    results = run_ranks(world, _train_and_count, data, micro, ckpt, cp, inputs)
+    want_losses, want_norms, _ = reference(data, CLIP, cfg=cfg, model_inputs=inputs)
+    results = run_ranks(world, _train_and_count, data, micro, ckpt, cp, inputs, cfg)
     for losses, norms, sent in results:
         assert max_rel(losses, want_losses) < TOL
         assert max_rel(norms, want_norms) < TOL
