@@ -43,10 +43,6 @@ class ContextParallel:
     def size(self) -> int:
         return self.group.size
 
-    def data_rank(self, rank: int) -> int:
-        """Which slice of the global batch ``rank`` reads: its CP group's."""
-        return rank // self.size
-
     def time_waits(self, clock: IntervalClock) -> None:
         """Count the waits on K/V collectives as exposed communication (the engine's
         ``waits`` clock)."""
@@ -71,3 +67,10 @@ class ContextParallel:
         attention = GatheredAttention(self.group, seq_len, extra.get("document_ids"))
         local = {"positions": split(positions), "attention": attention}
         return split(inputs), split(targets), local
+
+
+def data_rank(context: ContextParallel | None, rank: int, world_size: int) -> tuple[int, int]:
+    """(which slice of the global batch ``rank`` reads, how many slices there are): under
+    context parallelism a CP group's ranks share one data rank's slice."""
+    size = context.size if context is not None else 1
+    return rank // size, world_size // size

@@ -32,7 +32,7 @@ from yatrain.data.heldout import (
     held_out_data,
 )
 from yatrain.runtime.process import Runtime
-from yatrain.train.context import ContextParallel
+from yatrain.train.context import ContextParallel, data_rank
 
 ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
@@ -180,8 +180,7 @@ def build_evaluator(
     held = held_out_data(data, data_dir)
     check_same_tokenizer(held, *tokenizer)
     requested = recipe.eval.batches * data.global_batch_size
-    cp = context.size if context is not None else 1
-    rank, ranks = runtime.rank // cp, runtime.world_size // cp
+    rank, ranks = data_rank(context, runtime.rank, runtime.world_size)
     parts = [
         EvalWindows(h, data.seq_len, requested, data.micro_batch_size, rank, ranks) for h in held
     ]

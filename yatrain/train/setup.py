@@ -32,7 +32,7 @@ from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.build import build_model_and_engine, checkpoint_layers
 from yatrain.train.checkpointer import Checkpointer
 from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend
-from yatrain.train.context import ContextParallel
+from yatrain.train.context import ContextParallel, data_rank
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
@@ -278,12 +278,12 @@ def build_loader(
     """This rank's view of the global batches (one directory or a mixture), checked against
     the model's vocabulary; a mixture's notices go to the console. Under ``context``
     parallelism the ranks of a CP group read one data rank's slice."""
-    cp = context.size if context is not None else 1
+    rank, ranks = data_rank(context, runtime.rank, runtime.world_size)
     loader = data_loader(
         recipe.data,
         seed=recipe.train.seed,
-        rank=runtime.rank // cp,
-        world_size=runtime.world_size // cp,
+        rank=rank,
+        world_size=ranks,
         notice=loggers.say if runtime.is_main else None,
     )
     check_vocab(recipe, loader.vocab_size)
