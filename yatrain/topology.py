@@ -64,6 +64,8 @@ def shard_group_size(recipe: Recipe, world_size: int, local_world_size: int) -> 
     size = {None: world_size, "auto": local_world_size}.get(wanted, wanted)
     cp = recipe.sharding.context_parallel
     if world_size % size == 0 and size % cp:
+        if size == world_size:  # the whole world shards: its own line says what divides it
+            context_parallel(recipe, world_size)
         raise ConfigError(
             f"'sharding.context_parallel' {cp} does not divide the shard group of {size} "
             f"ranks ('sharding.shard_group_size' {wanted}): a window's ranks must sit in one "

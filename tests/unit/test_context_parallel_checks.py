@@ -57,6 +57,8 @@ def test_cp_not_dividing_the_shard_group():
     hybrid = recipe("sharding.context_parallel=4", "sharding.shard_group_size=2")
     message = refusal(shard_group_size, hybrid, 8, 2)
     assert "'sharding.context_parallel' 4 does not divide the shard group of 2 ranks" in message
+    whole = recipe("sharding.context_parallel=4")  # the shard group is the world: its line
+    assert "does not divide the world size (6)" in refusal(shard_group_size, whole, 6, 6)
 
 
 def test_batch_not_split_over_the_data_ranks():
