@@ -77,3 +77,20 @@ def test_compiled_layers():
         assert max_rel(c_norms, e_norms) < TOL
         assert max_rel(c_losses, want_losses) < TOL
         assert max_rel(c_norms, want_norms) < TOL
+
+
+def test_bf16_weights():
+    """bf16 weights and activations (fp32 reduction): CP 2 trains as the sharded run
+    without CP does, within bf16's rounding (the additive masks are bf16 too; measured
+    over 5 steps: losses 2.4e-4, gradient norms 2.0e-3 apart)."""
+    data = batches(8, steps=5)
+    args = (data, 2, CLIP, 1, "bf16")
+    plain = run_ranks(2, train_sharded, *args)[0]
+    cut = run_ranks(2, _bf16_cp, *args)[0]
+    assert max_rel(cut[0], plain[0]) < 5e-3
+    assert max_rel(cut[1], plain[1]) < 2e-2
+    assert cut[0][-1] < cut[0][0] - 0.5  # it trained
+
+
+def _bf16_cp(rank, world, *args):
+    return train_sharded(rank, world, *args, cp=2)
