@@ -41,19 +41,21 @@ def test_tied_embeddings():
 def test_float8_rowwise():
     """Rowwise scales are per token in the forward, so a rank that holds half of each
     window's tokens computes what one process computes on the same micro-batches: the first
-    step's loss and gradient norm agree within 1e-5 (measured 7e-8). From the second step on
-    a last-bit difference in a weight can flip a float8 rounding, and those flips compound:
-    measured over 10 steps, losses within 1.1e-3, gradient norms within 1.2e-2 (sharded
-    float8 without CP against one process: norms within 2e-3, test_float8)."""
-    data = batches(8)
+    step's loss agrees within 1e-5 (measured 1.0e-7). The weight gradients' scales span the
+    tokens a rank holds, so the gradient norm moves by float8's rounding (step 1: 7.1e-6),
+    and from step 2 on a last-bit difference in a weight can flip a float8 rounding:
+    measured over these 4 steps, losses within 7.3e-4 and gradient norms within 2.0e-3
+    (over 10 steps 1.1e-3 and 1.2e-2; sharded float8 without CP against one process:
+    norms within 2e-3, test_float8)."""
+    data = batches(8, steps=4)
     want_losses, want_norms, _ = reference(data, CLIP, 0, "rowwise", piece=2)
     args = (data, 2, CLIP, 0, "fp32", "fp32", 1, None, "rowwise", CFG, 2)
     for losses, norms, _ in run_ranks(2, train_sharded, *args):
         assert max_rel(losses[:1], want_losses[:1]) < TOL
-        assert max_rel(norms[:1], want_norms[:1]) < TOL
+        assert max_rel(norms[:1], want_norms[:1]) < 1e-4
         assert max_rel(losses, want_losses) < 3e-3
-        assert max_rel(norms, want_norms) < 3e-2
-        assert losses[-1] < want_losses[0] - 1.0  # it trained
+        assert max_rel(norms, want_norms) < 1e-2
+        assert losses[-1] < want_losses[0] - 0.5  # it trained
 
 
 def _compiled(rank, world, data, backend):
