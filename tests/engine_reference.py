@@ -15,7 +15,9 @@ from yatrain.config import ModelConfig
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model, materialize
 from yatrain.sharding import ShardedEngine
+from yatrain.sharding.context import ContextGroup
 from yatrain.train.compile import compile_layers
+from yatrain.train.context import ContextParallel
 from yatrain.train.step import train_step
 
 CFG = ModelConfig(
@@ -32,18 +34,21 @@ CFG = ModelConfig(
 SEQ, STEPS, SEED = 12, 10, 7
 
 
-def batches(global_batch: int, steps: int = STEPS) -> torch.Tensor:
-    """[steps, global_batch, SEQ + 1] tokens. Each sequence walks through the vocabulary in
+def batches(global_batch: int, steps: int = STEPS, seq: int = SEQ) -> torch.Tensor:
+    """[steps, global_batch, seq + 1] tokens. Each sequence walks through the vocabulary in
     random strides of 1-3 from a random start: learnable (the best loss is ln 3), so ten steps
     of training take the loss far below an untrained model's on the same batches."""
     gen = torch.Generator().manual_seed(1234)
     start = torch.randint(0, CFG.vocab_size, (steps, global_batch, 1), generator=gen)
-    strides = torch.randint(1, 4, (steps, global_batch, SEQ), generator=gen)
+    strides = torch.randint(1, 4, (steps, global_batch, seq), generator=gen)
     return torch.cat([start, start + strides.cumsum(-1)], dim=-1) % CFG.vocab_size
 
 
-def loss_of(model, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1])
+def loss_of(model, tokens: torch.Tensor, model_inputs=None) -> torch.Tensor:
+    """The plain loss of whole windows; ``model_inputs``: extra model arguments (document
+    ids, positions) computed from the inputs."""
+    extra = model_inputs(tokens[:, :-1]) if model_inputs is not None else {}
+    logits = model(tokens[:, :-1], **extra)
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
@@ -58,6 +63,7 @@ def reference(
     float8: str | None = None,
     piece: int = 0,
     cfg: ModelConfig = CFG,
+    model_inputs=None,
 ):
     """Plain model, whole global batch per step: the ground truth.
 
@@ -66,7 +72,7 @@ def reference(
     scales by exactly 1) and the final weights. ``float8``: its projections in float8;
     ``piece``: accumulate the gradient over pieces of this many sequences, the ones the
     ranks' micro-batches see (float8's dynamic scales depend on what one matmul sees);
-    ``cfg``: another model (a tied head)."""
+    ``cfg``: another model (a tied head); ``model_inputs``: see ``loss_of``."""
     torch.manual_seed(0)
     model = build_model(cfg, ckpt)
     apply_float8(model, float8)
@@ -81,7 +87,7 @@ def reference(
     losses, norms = [], []
     for step in data:
         pieces = step.split(piece or len(step))
-        loss = sum(loss_of(model, part) / len(pieces) for part in pieces)
+        loss = sum(loss_of(model, part, model_inputs) / len(pieces) for part in pieces)
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(params, clip or float("inf")).item())
         opt.step()
@@ -110,12 +116,16 @@ def train_sharded(
     depth=1,
     compile=None,
     float8=None,
+    cfg=CFG,
+    cp=1,
+    model_inputs=None,
     **options,
 ):
     """The engine as the training loop drives it; returns losses, gradient norms, weights.
     ``compile``: a torch.compile backend for the decoder layers (train.compile); ``float8``:
-    train.float8; ``options`` go to the engine."""
-    model = build_model(CFG, ckpt)
+    train.float8; ``cfg``: another model; ``cp``: context-parallel ranks per window;
+    ``model_inputs``: see ``loss_of``; ``options`` go to the engine."""
+    model = build_model(cfg, ckpt)
     engine = engine_for(
         model,
         param_dtype=DTYPES[dtype],
@@ -124,25 +134,39 @@ def train_sharded(
         float8=apply_float8(model, float8),
         **options,
     )
+    context = ContextParallel(ContextGroup.build(cp, "cpu")) if cp > 1 else None
     if compile is not None:
-        compile_layers(model.layers, compile)
-    losses, norms = run_steps(model, engine, rank, world, data, micro, clip)
-    return losses, norms, engine.full_state_dict()
+        compile_layers(model.layers, compile, eager_attention=context is not None)
+    steps = run_steps(model, engine, rank, world, data, micro, clip, context, model_inputs)
+    return *steps, engine.full_state_dict()
 
 
-def run_steps(model, engine, rank, world, data, micro, clip) -> tuple[list[float], list[float]]:
+def run_steps(
+    model, engine, rank, world, data, micro, clip, context=None, model_inputs=None
+) -> tuple[list[float], list[float]]:
     """Train ``engine`` on this rank's share of every global batch in ``data``, ``micro``
-    sequences per micro-batch; each step's global loss and gradient norm."""
+    sequences per micro-batch; each step's global loss and gradient norm. Under
+    ``context`` parallelism a data rank's CP group shares its share."""
     opt = optimizer_for(engine.param_groups(0.1))
-    per_rank = data.shape[1] // world
+    cp = context.size if context is not None else 1
+    per_rank = data.shape[1] * cp // world
     losses, norms = [], []
     for step in data:
-        mine = step[rank * per_rank : (rank + 1) * per_rank]
+        first = rank // cp * per_rank
+        mine = step[first : first + per_rank]
         micros = [
             (mine[start : start + micro, :-1], mine[start : start + micro, 1:])
             for start in range(0, per_rank, micro)
         ]
-        outcome = train_step(model, engine, opt, micros, grad_clip=clip)
+        outcome = train_step(
+            model,
+            engine,
+            opt,
+            micros,
+            grad_clip=clip,
+            model_inputs=model_inputs,
+            context=context,
+        )
         norms.append(outcome.grad_norm.item())
         loss = outcome.loss
         if world > 1:

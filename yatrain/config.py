@@ -168,6 +168,10 @@ class ShardingConfig:
     # Hybrid sharding: shard each layer within groups of N ranks, replicate across groups
     # (N = GPUs per node; "auto" = torchrun's local world size); None = the whole world.
     shard_group_size: int | Literal["auto"] | None = _limit(None, ge=1)
+    # Context parallelism: each window is cut into 2 x N chunks over N ranks (Llama 3's
+    # all-gather method: K/V gathered per layer); the world is data x N, weights stay sharded
+    # over all ranks. N divides the world and the shard group; seq_len a multiple of 2 x N.
+    context_parallel: int = _limit(1, ge=1)
 
 
 @dataclass(kw_only=True)

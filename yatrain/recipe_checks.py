@@ -71,6 +71,18 @@ def check_shapes(r: Recipe) -> None:
         if failed:
             raise ConfigError(message)
     _check_sources(data)
+    _check_context_parallel(r)
+
+
+def _check_context_parallel(r: Recipe) -> None:
+    """A window is cut into 2 x CP equal chunks."""
+    cp, seq_len = r.sharding.context_parallel, r.data.seq_len
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(
+            f"'data.seq_len' ({seq_len}) is not a multiple of 2 x 'sharding.context_parallel' "
+            f"= {2 * cp} (each rank holds 2 of {2 * cp} equal chunks of a window); use e.g. "
+            f"{-(-seq_len // (2 * cp)) * 2 * cp}"
+        )
 
 
 def _check_sources(data: DataConfig) -> None:

@@ -1,6 +1,10 @@
 """The recipe against the job it runs in: the world size must divide the global batch into
 micro-batches, and the shard group (``sharding.shard_group_size``) must divide the world.
 Known only at launch, so checked by ``train.setup`` (and the planner) rather than at load.
+
+Under context parallelism (``sharding.context_parallel`` = CP) the world is data x context:
+CP consecutive ranks share each window, so the batch is split over world / CP data ranks,
+and CP divides the shard group (a CP group never spans two shard groups, or two nodes).
 """
 
 from __future__ import annotations
@@ -10,19 +14,46 @@ from yatrain.errors import ConfigError
 
 
 def validate_world_size(recipe: Recipe, world_size: int) -> None:
-    """Check the global batch splits evenly into micro-batches across world_size ranks."""
+    """Check the global batch splits evenly into micro-batches across the data ranks (the
+    world, or world / CP under context parallelism)."""
     data = recipe.data
-    per_step = data.micro_batch_size * world_size
+    cp = context_parallel(recipe, world_size)
+    per_step = data.micro_batch_size * world_size // cp
     if data.global_batch_size % per_step == 0:
         return
     lower = data.global_batch_size // per_step * per_step
     valid = [lower, lower + per_step] if lower else [per_step, 2 * per_step]
+    ranks = f"world size ({world_size})"
+    if cp > 1:
+        ranks = f"data ranks (world size {world_size} / sharding.context_parallel {cp})"
     raise ConfigError(
         f"'data.global_batch_size' ({data.global_batch_size}) is not divisible by "
-        f"data.micro_batch_size ({data.micro_batch_size}) x world size ({world_size}) = "
+        f"data.micro_batch_size ({data.micro_batch_size}) x {ranks} = "
         f"{per_step}; set it to a multiple of {per_step} such as "
         f"{' or '.join(map(str, valid))}, or change data.micro_batch_size"
     )
+
+
+def context_parallel(recipe: Recipe, world_size: int) -> int:
+    """The ranks that share each window (``sharding.context_parallel``); one line if they
+    cannot: more than one needs as many ranks, and a whole number of CP groups."""
+    cp = recipe.sharding.context_parallel
+    if cp == 1:
+        return 1
+    if world_size == 1:
+        forced = " (sharding.force_process_group runs one rank)"
+        forced = forced if recipe.sharding.force_process_group else ""
+        raise ConfigError(
+            f"'sharding.context_parallel' {cp} cuts each window over {cp} ranks and this run "
+            f"has one{forced}: launch {cp} or a multiple (yatrain pretrain --nproc-per-node "
+            f"{cp}), or set it to 1"
+        )
+    if world_size % cp:
+        raise ConfigError(
+            f"'sharding.context_parallel' {cp} does not divide the world size ({world_size}): "
+            f"set it to one of {_divisors(world_size)} (the world is data x context ranks)"
+        )
+    return cp
 
 
 def shard_group_size(recipe: Recipe, world_size: int, local_world_size: int) -> int:
@@ -31,12 +62,25 @@ def shard_group_size(recipe: Recipe, world_size: int, local_world_size: int) -> 
     divide the world."""
     wanted = recipe.sharding.shard_group_size
     size = {None: world_size, "auto": local_world_size}.get(wanted, wanted)
+    cp = recipe.sharding.context_parallel
+    if world_size % size == 0 and size % cp:
+        if size == world_size:  # the whole world shards: its own line says what divides it
+            context_parallel(recipe, world_size)
+        raise ConfigError(
+            f"'sharding.context_parallel' {cp} does not divide the shard group of {size} "
+            f"ranks ('sharding.shard_group_size' {wanted}): a window's ranks must sit in one "
+            f"shard group; set context_parallel to one of {_divisors(size)}"
+        )
     if world_size % size == 0:
         return size
-    sizes = ", ".join(str(k) for k in range(1, world_size + 1) if world_size % k == 0)
+    sizes = _divisors(world_size)
     named = f"{wanted} (auto: {size} ranks per node)" if wanted == "auto" else str(wanted)
     raise ConfigError(
         f"'sharding.shard_group_size' {named} does not divide the world size ({world_size}); "
         f"set it to one of {sizes} (usually the GPUs per node), or remove it to shard over "
         "all ranks"
     )
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)

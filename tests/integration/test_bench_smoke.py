@@ -22,6 +22,7 @@ from yatrain.bench import (
     breakdown,
     checkpoint,
     compile,
+    context,
     document_mask,
     guard,
     host_cost,
@@ -161,6 +162,17 @@ def check_document_mask(out: str) -> None:
     assert ratio(table_rows(out, "document_mask + restart_positions")[0][-1]) > 0
 
 
+def run_context(tmp_path: Path, data: Path) -> None:
+    assert context.main(["--seq-len", "64", *SETS]) == 0
+
+
+def check_context(out: str) -> None:
+    (one,) = table_rows(out, "CP 1")
+    (two,) = table_rows(out, "CP 2")
+    assert one[3] == "1.000x" and 0 < ratio(two[3]) < 1.5  # live peak vs CP 1
+    assert two[9] == "yes"  # K/V bytes: counted = formula = torch.distributed on the CP group
+
+
 def run_breakdown(tmp_path: Path, data: Path) -> None:
     args = ["--data", str(data), "--steps", "2", "--shapes", "tiny recipe", *SETS]
     assert breakdown.main(args) == 0
@@ -215,6 +227,7 @@ SMOKE = {
     "guard": (run_guard, check_guard),
     "tokenization": (run_tokenization, check_tokenization),
     "document_mask": (run_document_mask, check_document_mask),
+    "context": (run_context, check_context),
     "breakdown": (run_breakdown, check_breakdown),
     "compile": (run_compile, check_compile),
     "init_from": (run_init_from, check_init_from),

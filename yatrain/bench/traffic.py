@@ -56,7 +56,8 @@ class CommCounter:
         return wrapper
 
     def _count(self, name: str, args: tuple, kwargs: dict) -> None:
-        w = self.world_size
+        group = kwargs.get("group")  # a subgroup's ring is its own size
+        w = self.world_size if group is None else dist.get_world_size(group)
         if name in self.GATHERS:  # (output=full, input=shard)
             full = kwargs.get("output_tensor", args[0] if args else None)
             share = (w - 1) / w

@@ -41,7 +41,10 @@ def evaluate_checkpoint(
     runtime = init_runtime()
     try:
         saved = _open(Path(path), runtime)
-        recipe = saved_recipe(saved)
+        recipe = saved_recipe(saved)  # evaluated without context parallelism (any world)
+        recipe = dataclasses.replace(
+            recipe, sharding=dataclasses.replace(recipe.sharding, context_parallel=1)
+        )
         if batches is not None:
             recipe = dataclasses.replace(
                 recipe, eval=dataclasses.replace(recipe.eval, batches=batches)

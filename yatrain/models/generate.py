@@ -2,7 +2,7 @@
 
 The prompt runs through the model once (prefill), filling every layer's cache with its keys
 and values; each new token then runs alone, attending over the cache. The cached path uses
-the model's own modules (``DecoderLayer`` with a ``kv_cache``), so it computes what a full
+the model's own modules (``DecoderLayer`` attending through a cache), so it computes what a full
 forward over the whole sequence computes; ``use_cache=False`` runs exactly that full forward
 at every step (the reference the tests compare with). Temperature 0 is greedy decoding (the
 argmax at every step); otherwise the logits are divided by the temperature, cut to the

@@ -39,28 +39,29 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
+def document_causal_mask(document_ids: torch.Tensor, start: int = 0, stop: int = 0) -> torch.Tensor:
     """[B, 1, T, T] boolean: query t may attend key s iff s <= t and both are in one document
-    (block-diagonal causal; every query keeps at least itself)."""
-    seq_len = document_ids.shape[1]
-    same = document_ids[:, None, :, None] == document_ids[:, None, None, :]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=document_ids.device).tril()
-    return same & causal
+    (block-diagonal causal; every query keeps at least itself). With ``stop``: the queries
+    ``start..stop-1`` of the window against keys ``0..stop-1`` only (a chunk of it)."""
+    stop = stop or document_ids.shape[1]
+    queries, keys = document_ids[:, None, start:stop, None], document_ids[:, None, None, :stop]
+    causal = torch.ones(stop - start, stop, dtype=torch.bool, device=document_ids.device)
+    return (queries == keys) & causal.tril(start)
 
 
-class LayerCache(Protocol):
-    """One layer's keys and values of earlier positions (``models.generate.LayerKV``)."""
+class Attend(Protocol):
+    """Attention over more keys and values than this call's own, mask included: a cache of
+    earlier positions (``models.generate.LayerKV``) or a window's gathered from the ranks that
+    share it (context parallelism, ``train.context``); the model itself stays one device's."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Append k, v [B, kv heads, T, D]; q [B, heads, T, D] attends over all of them."""
+        """q [B, heads, T, D] over k, v [B, kv heads, T, D] and what else it holds."""
         ...
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention with grouped-query K/V heads and rotary positions.
-
-    With a ``kv_cache`` (generation, ``models.generate``) the new keys and values are
-    appended to it and the queries attend over everything it holds."""
+    """Causal multi-head attention with grouped-query K/V heads and rotary positions; with an
+    ``attend`` (a KV cache, a gathered window) the queries attend through it (``Attend``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -76,7 +77,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None = None,
-        kv_cache: LayerCache | None = None,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
@@ -84,8 +85,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
-        if kv_cache is not None:
-            y = kv_cache.attend(q, k, v)
+        if attend is not None:
+            y = attend.attend(q, k, v)
         elif mask is None:  # the plain causal path: lets SDPA pick its fastest kernel
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
@@ -122,9 +123,9 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None = None,
-        kv_cache: LayerCache | None = None,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask, kv_cache)
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, attend)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -150,8 +151,7 @@ class Llama(nn.Module):
 
     With ``tie_embeddings`` the head's weight *is* the embedding's Parameter (Llama 3.2
     1B/3B): one tensor, listed by both units. The engine sees the shared Parameter and
-    gives the head no shard of its own (``sharding.layout``: a borrowed unit).
-    """
+    gives the head no shard of its own (``sharding.layout``: a borrowed unit)."""
 
     def __init__(
         self,
@@ -204,6 +204,7 @@ class Llama(nn.Module):
         document_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
+        attention: Attend | None = None,
     ) -> torch.Tensor:
         """tokens [B, T] (int64) -> logits [B, T, vocab_size] in the compute dtype; with
         ``targets`` [B, T], the mean cross-entropy loss (fp32 scalar) instead, computed by the
@@ -211,6 +212,8 @@ class Llama(nn.Module):
 
         ``document_ids`` [B, T] keeps attention within each document of a packed sequence;
         ``positions`` [B, T] (each below max_seq_len) replaces 0..T-1 as rotary positions.
+        ``attention`` replaces every layer's causal attention (``Attend``; under context
+        parallelism ``tokens`` are this rank's part of a window, ``positions`` their places).
         """
         seq_len = tokens.shape[1]
         if seq_len > self.cfg.max_seq_len:
@@ -227,9 +230,9 @@ class Llama(nn.Module):
         for i, layer in enumerate(self.layers):
             if i < self.activation_checkpoint_layers and torch.is_grad_enabled():
                 # Keep only the layer input; recompute its activations during backward.
-                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, attention, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask)
+                x = layer(x, cos, sin, mask, attention)
         h = self.norm(x)
         return self.output(h) if targets is None else self.output(h, targets)
 

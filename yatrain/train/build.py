@@ -126,5 +126,6 @@ def build_model_and_engine(
     model = meta_model(recipe, runtime.world_size, runtime.device, layers=layers, say=say)
     engine = shard_model(model, recipe, runtime, init=init, verify=verify, say=say)
     if recipe.train.compile:
-        compile_layers(model.layers, recipe.train.compile_backend)
+        cp = recipe.sharding.context_parallel > 1  # attention's collectives stay eager
+        compile_layers(model.layers, recipe.train.compile_backend, eager_attention=cp)
     return model, engine

@@ -36,11 +36,20 @@ CACHE_DIRNAME = "compile-cache"  # inductor's kernel cache, inside the run direc
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def compile_layers(layers: Iterable[nn.Module], backend: str) -> None:
+def compile_layers(
+    layers: Iterable[nn.Module], backend: str, *, eager_attention: bool = False
+) -> None:
     """Replace each layer's ``forward`` by its compiled version (the module, its hooks and its
-    parameters stay as they are)."""
+    parameters stay as they are). With ``eager_attention`` (context parallelism: attention
+    all-gathers keys and values across ranks, an eager collective that would break a full
+    graph) each layer's two norms and its feed-forward are compiled instead, and its
+    attention, collectives included, runs eagerly between them."""
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True, dynamic=False)
+        parts = [layer.attention_norm, layer.ffn_norm, layer.feed_forward]
+        for part in parts if eager_attention else [layer]:
+            part.forward = torch.compile(
+                part.forward, backend=backend, fullgraph=True, dynamic=False
+            )
 
 
 def check_backend(backend: str, device: torch.device) -> None:

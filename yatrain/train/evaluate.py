@@ -32,6 +32,7 @@ from yatrain.data.heldout import (
     held_out_data,
 )
 from yatrain.runtime.process import Runtime
+from yatrain.train.context import ContextParallel, data_rank
 
 ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
@@ -73,10 +74,12 @@ class Evaluator:
         model_inputs: ModelInputs | None,
         *,
         enabled: bool = True,
+        context: ContextParallel | None = None,
     ) -> None:
         self.every, self.at_end = recipe.eval.every, recipe.eval.at_end
         self.total_steps = recipe.train.steps
         self.parts, self.device, self.model_inputs = parts, device, model_inputs
+        self.context = context  # context parallelism: each rank evaluates its chunks
         self.enabled = enabled and bool(parts)
 
     @classmethod
@@ -148,6 +151,8 @@ class Evaluator:
         inputs = inputs.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         extra = self.model_inputs(inputs) if self.model_inputs is not None else {}
+        if self.context is not None:  # the whole windows' ids and positions, then the cut
+            inputs, targets, extra = self.context.localize(inputs, targets, extra)
         # The model's fused, chunked loss (as in training): no logits for every token. It is
         # the mean over predicted tokens (IGNORE_INDEX targets are padding).
         mean = model(inputs, **extra, targets=targets)
@@ -162,21 +167,22 @@ def build_evaluator(
     *,
     data_dir: Path | None = None,
     force: bool = False,
+    context: ContextParallel | None = None,
 ) -> Evaluator:
     """The run's evaluator, checked at start-up (held-out data exists, holds at least one
     window and was made with ``tokenizer`` = (sha256, BOS, EOS)); a disabled one when the
-    recipe does not evaluate, unless ``force`` (``yatrain eval``)."""
+    recipe does not evaluate, unless ``force`` (``yatrain eval``). Under ``context``
+    parallelism a CP group's ranks read their data rank's windows and evaluate their
+    chunks."""
     if not (force or recipe.evaluates):
         return Evaluator.disabled(recipe, runtime.device)
     data = recipe.data
     held = held_out_data(data, data_dir)
     check_same_tokenizer(held, *tokenizer)
     requested = recipe.eval.batches * data.global_batch_size
+    rank, ranks = data_rank(context, runtime.rank, runtime.world_size)
     parts = [
-        EvalWindows(
-            h, data.seq_len, requested, data.micro_batch_size, runtime.rank, runtime.world_size
-        )
-        for h in held
+        EvalWindows(h, data.seq_len, requested, data.micro_batch_size, rank, ranks) for h in held
     ]
     inputs = attention_inputs(data, tokenizer[1], tokenizer[2])
-    return Evaluator(recipe, parts, runtime.device, inputs)
+    return Evaluator(recipe, parts, runtime.device, inputs, context=context)

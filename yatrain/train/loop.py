@@ -165,6 +165,7 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
             guard=guard,
             model_inputs=run.loader.attention_inputs,
             clock=run.meter.clock,
+            context=run.context,
         )
     skip = run.recipe.train.skip_nonfinite_steps
     last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None
@@ -218,7 +219,8 @@ def log(
     """Close the metrics window at this step (collective), log its record (with the
     evaluation's figures at an evaluation step), open the next."""
     val = evaluation.record_fields() if evaluation is not None else None
-    sent = (run.engine.bytes_sent_intra, run.engine.bytes_sent_cross)
+    kv = run.context.bytes_sent if run.context is not None else 0  # within a shard group
+    sent = (run.engine.bytes_sent_intra + kv, run.engine.bytes_sent_cross)
     record = run.meter.record(
         step_number, outcome.loss, outcome.grad_norm, lr, sent, run.skipped_steps, val
     )

@@ -32,6 +32,7 @@ from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.build import build_model_and_engine, checkpoint_layers
 from yatrain.train.checkpointer import Checkpointer
 from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend
+from yatrain.train.context import ContextParallel, data_rank
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
@@ -68,6 +69,7 @@ class Run:
     lock: RunDirLock | None
     watchdog: Watchdog
     compiler: CompileWatch | None = None  # train.compile: counts and times compilations
+    context: ContextParallel | None = None  # sharding.context_parallel > 1
     start_step: int = 0
     skipped_steps: int = 0
     step_number: int = field(default=0)  # the step being run (for messages)
@@ -99,10 +101,8 @@ def setup(
     """Build the run (see the module docstring); collective under torchrun."""
     loggers = Loggers(runtime, progress)
     layers = check_recipe(recipe, runtime, checks.fit, loggers.say)
-    loader = build_loader(recipe, runtime, loggers)
-    evaluator = build_evaluator(
-        recipe, runtime, (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
-    )
+    context = ContextParallel.of_recipe(recipe, runtime)
+    loader, evaluator = build_inputs(recipe, runtime, loggers, context)
     run_dir, lock = claim_run_dir(runtime, resume, run_dir, recipe_name, recipe.checkpoint.dir)
     watchdog = Watchdog(recipe.train.collective_timeout_s, runtime.rank, runtime.distributed)
     checkpointer = compiler = None
@@ -111,6 +111,8 @@ def setup(
             recipe, runtime, layers=layers, verify=checks.verify, say=loggers.say
         )
         compiler = compile_watch(recipe, run_dir)
+        if context is not None:
+            context.time_waits(engine.waits)
         optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
         checkpointer = Checkpointer(
             recipe,
@@ -130,8 +132,9 @@ def setup(
         attach_hang_report(watchdog, runtime, run_dir, start_step, meter, engine)
         last = checkpointer.last
         where = f"resumed from {last} (step {start_step})" if last else "fresh start"
+        layout = _layout(engine, context)
         loggers.say(
-            f"run dir {run_dir} | {where} | world size {runtime.world_size}{_layout(engine)} | "
+            f"run dir {run_dir} | {where} | world size {runtime.world_size}{layout} | "
             f"device {runtime.device} | wandb {loggers.wandb_mode} | peak FLOP/s "
             f"{meter.peak_flops / 1e12:.3g}T ({meter.peak_source})"
         )
@@ -142,7 +145,9 @@ def setup(
         abandon(checkpointer, watchdog, loggers, compiler, lock)
         raise
     parts = (loader, model, engine, optimizer, checkpointer, loggers, meter, profiler, evaluator)
-    return Run(recipe, runtime, run_dir, *parts, lock, watchdog, compiler, start_step, skipped)
+    return Run(
+        recipe, runtime, run_dir, *parts, lock, watchdog, compiler, context, start_step, skipped
+    )
 
 
 def check_recipe(recipe: Recipe, runtime: Runtime, fit: bool, say: Callable[[str], None]) -> int:
@@ -223,11 +228,13 @@ def attach_hang_report(
     watchdog.attach(reporter, StackFile(run_dir, runtime.rank))
 
 
-def _layout(engine: ShardedEngine) -> str:
-    """How the world is laid out, when it is not one shard group."""
-    if engine.replicas == 1:
-        return ""
-    return f" ({engine.replicas} replicas of shard groups of {engine.shard_size})"
+def _layout(engine: ShardedEngine, context: ContextParallel | None) -> str:
+    """How the world is laid out, when it is not one shard group of data ranks."""
+    parts = [f"{engine.replicas} replicas of shard groups of {engine.shard_size}"]
+    parts = parts if engine.replicas > 1 else []
+    if context is not None:
+        parts.append(f"{engine.world_size // context.size} data x {context.size} context")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def claim_run_dir(
@@ -256,14 +263,27 @@ def claim_run_dir(
     return Path(answer), lock
 
 
-def build_loader(recipe: Recipe, runtime: Runtime, loggers: Loggers) -> BatchLoader:
+def build_inputs(
+    recipe: Recipe, runtime: Runtime, loggers: Loggers, context: ContextParallel | None
+) -> tuple[BatchLoader, Evaluator]:
+    """The training batches and the held-out data this rank reads (its CP group's)."""
+    loader = build_loader(recipe, runtime, loggers, context)
+    tokenizer = (loader.tokenizer_sha256, loader.bos_id, loader.eos_id)
+    return loader, build_evaluator(recipe, runtime, tokenizer, context=context)
+
+
+def build_loader(
+    recipe: Recipe, runtime: Runtime, loggers: Loggers, context: ContextParallel | None = None
+) -> BatchLoader:
     """This rank's view of the global batches (one directory or a mixture), checked against
-    the model's vocabulary; a mixture's notices go to the console."""
+    the model's vocabulary; a mixture's notices go to the console. Under ``context``
+    parallelism the ranks of a CP group read one data rank's slice."""
+    rank, ranks = data_rank(context, runtime.rank, runtime.world_size)
     loader = data_loader(
         recipe.data,
         seed=recipe.train.seed,
-        rank=runtime.rank,
-        world_size=runtime.world_size,
+        rank=rank,
+        world_size=ranks,
         notice=loggers.say if runtime.is_main else None,
     )
     check_vocab(recipe, loader.vocab_size)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from yatrain.sharding import ShardedEngine
+from yatrain.train.context import ContextParallel
 from yatrain.train.guard import StepGuard
 from yatrain.train.timing import NoClock, StepClock
 
@@ -64,13 +65,18 @@ def forward_backward(
     device: torch.device,
     model_inputs: ModelInputs | None = None,
     loss_fn: LossFn = model_loss,
+    context: ContextParallel | None = None,
 ) -> torch.Tensor:
-    """Forward and backward of every micro-batch; returns the sum of their losses."""
+    """Forward and backward of every micro-batch; returns the sum of their losses. Under
+    ``context`` parallelism each runs on this rank's chunks of the windows."""
     loss_sum = torch.zeros((), device=device)
     for inputs, targets in micro_batches:
         inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
         extra = model_inputs(inputs) if model_inputs is not None else {}
-        loss = loss_fn(model, inputs, targets.to(device, non_blocking=True), extra)
+        if context is not None:  # ids and positions above are the whole window's
+            inputs, targets, extra = context.localize(inputs, targets, extra)
+        loss = loss_fn(model, inputs, targets, extra)
         loss.backward()
         loss_sum += loss.detach()
     return loss_sum
@@ -87,6 +93,7 @@ def train_step(
     model_inputs: ModelInputs | None = None,
     loss_fn: LossFn = model_loss,
     clock: StepClock | None = None,
+    context: ContextParallel | None = None,
 ) -> StepOutcome:
     """One optimizer step over this rank's micro-batches (see the module docstring).
 
@@ -94,11 +101,12 @@ def train_step(
     caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
     per micro-batch (the loader's document ids and positions); ``loss_fn`` is the model's
     own fused loss unless a comparison needs the plain one (``logits_loss``); ``clock``
-    times the step's parts (``timing.StepClock``)."""
+    times the step's parts (``timing.StepClock``); ``context``: context parallelism
+    (``train.context``), this rank's chunks of the micro-batches' windows."""
     engine.expect_micro_batches(len(micro_batches))  # hybrid: the last one starts the all-reduce
     clock = clock or NoClock()
     clock.phase("model")
-    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs, loss_fn)
+    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs, loss_fn, context)
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
     clock.phase("guard")

@@ -1,0 +1,170 @@
+"""Memory and traffic of context parallelism: one training step per rank with each window
+whole on its rank (CP 1) and cut over CP ranks, side by side, on the same world size.
+
+Each contender runs in fresh rank processes (``harness.ranks``, gloo on CPU): the recipe's
+model and engine (``train.build``), one sequence per data rank (CP 1 at world 2: two data
+ranks; CP 2: one), one warm-up step (AdamW's state), then one measured step. Per rank it
+reports the live-tensor peak of that step (``plan.LiveTensorTracker``, every tensor alive
+at its start adopted: weights, buffers, optimizer state), the process's resident peak
+(VmHWM, reset before the step: it includes the ~0.5 GiB any torch process holds) and how far
+the step raised it above the resident size at its start; the bytes the K/V collectives
+sent, as counted by the context group (the ``ContextParallel.bytes_sent`` a run logs), as
+the formula says (per layer per micro-batch one all-gather and one reduce-scatter of the
+local keys and values, (CP - 1) local copies each) and as counted independently by wrapping
+the ``torch.distributed`` collectives on the CP group (``bench.traffic.CommCounter``).
+
+    python scripts/bench_context.py                     # 8192 tokens, dim 256, 4 layers
+    python scripts/bench_context.py --seq-len 2048 --cp 2 4 --world 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import torch
+
+from yatrain.bench.measure import hwm_bytes, reset_hwm, rss_bytes, table, trim_heap, verdict
+from yatrain.bench.traffic import CommCounter
+from yatrain.common import format_bytes
+from yatrain.config import Recipe, load_recipe
+from yatrain.harness.ranks import run_ranks
+from yatrain.plan import LiveTensorTracker
+from yatrain.runtime.process import Runtime
+from yatrain.train.build import build_model_and_engine
+from yatrain.train.context import ContextParallel
+from yatrain.train.optim import build_optimizer
+from yatrain.train.step import train_step
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT = 0.6  # the issue's bound: CP 2's per-rank peak at most 0.6x CP 1's
+
+
+def contender(recipe_path: str, overrides: list[str], seq_len: int, cp: int, world: int):
+    """The recipe at ``seq_len`` tokens, CP ``cp``, one sequence per data rank, nothing
+    checkpointed, fp32."""
+    sets = [
+        *overrides,  # the contender's own settings below win
+        f"model.max_seq_len={seq_len}",
+        f"data.seq_len={seq_len}",
+        "data.micro_batch_size=1",
+        f"data.global_batch_size={world // cp}",
+        f"sharding.context_parallel={cp}",
+        "sharding.activation_checkpoint_layers=0",
+        "train.dtype=fp32",
+    ]
+    return load_recipe(recipe_path, sets)
+
+
+def kv_formula(recipe: Recipe, cp: int) -> int:
+    """Bytes one rank's K/V collectives send in a step of one micro-batch: per layer one
+    all-gather and one reduce-scatter, each sending (CP - 1) copies of this rank's fp32 keys
+    and values [2, micro, kv heads, seq_len / CP, head dim]."""
+    m, d = recipe.model, recipe.data
+    local = 2 * d.micro_batch_size * m.n_kv_heads * (d.seq_len // cp) * m.head_dim * 4
+    return m.n_layers * 2 * (cp - 1) * local
+
+
+class GroupCounter(CommCounter):
+    """``CommCounter`` for the collectives of one process group only (the CP group's)."""
+
+    def __init__(self, world_size: int, group: object) -> None:
+        super().__init__(world_size)
+        self.group = group
+
+    def _count(self, name: str, args: tuple, kwargs: dict) -> None:
+        if self.group is not None and kwargs.get("group") is self.group:
+            super()._count(name, args, kwargs)
+
+
+def measure(rank: int, world: int, recipe: Recipe) -> dict:
+    """One rank: a warm-up step, then the measured one (see the module docstring)."""
+    runtime = Runtime.of_caller_group(torch.device("cpu"))
+    context = ContextParallel.of_recipe(recipe, runtime)
+    model, engine = build_model_and_engine(recipe, runtime)
+    optimizer = build_optimizer(engine.param_groups(0.1), recipe.optim)
+    cp = context.size if context is not None else 1
+    gen = torch.Generator().manual_seed(0)
+    seq, vocab = recipe.data.seq_len, recipe.model.vocab_size
+    windows = torch.randint(0, vocab, (recipe.data.global_batch_size, seq + 1), generator=gen)
+    mine = windows[rank // cp : rank // cp + 1]
+    micro = [(mine[:, :-1], mine[:, 1:])]
+
+    def step() -> None:
+        train_step(model, engine, optimizer, micro, grad_clip=1.0, context=context)
+
+    step()
+    trim_heap()
+    reset_hwm()
+    start_rss = rss_bytes()
+    kv_before = context.bytes_sent if context else 0
+    counter = GroupCounter(world, context.group.comm.group if context else None).install()
+    with LiveTensorTracker("cpu") as tracker:
+        tracker.adopt(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+        tracker.reset_peak()
+        step()
+    counter.uninstall()
+    kv = (context.bytes_sent if context else 0) - kv_before
+    return {
+        "live_peak": tracker.peak,
+        "rss_peak": hwm_bytes(),
+        "rss_start": start_rss,
+        "kv_counted": kv,
+        "kv_formula": kv_formula(recipe, cp),
+        "kv_wrapped": counter.bytes_sent,
+        "tokens": micro[0][0].numel() // cp,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default=str(REPO / "recipes" / "tiny.yaml"))
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--cp", type=int, nargs="+", default=[2], help="CP sizes beside CP 1")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    rows, base = [], None
+    for cp in [1, *args.cp]:
+        recipe = contender(args.recipe, args.overrides, args.seq_len, cp, args.world)
+        ranks = run_ranks(args.world, measure, recipe, threads=args.threads)
+        live = max(r["live_peak"] for r in ranks)
+        rss = max(r["rss_peak"] or 0 for r in ranks)
+        rise = max((r["rss_peak"] or 0) - (r["rss_start"] or 0) for r in ranks)
+        base = base or (live, rss, rise)
+        exact = all(r["kv_counted"] == r["kv_formula"] == r["kv_wrapped"] for r in ranks)
+        mib = [format_bytes(n, "MiB", digits=1) for n in (live, rss, rise)]
+        rows.append(
+            [
+                f"CP {cp}",
+                ranks[0]["tokens"],
+                mib[0],
+                f"{live / base[0]:.3f}x",
+                mib[1],
+                f"{rss / base[1]:.3f}x",
+                mib[2],
+                f"{rise / base[2]:.3f}x",
+                format_bytes(ranks[0]["kv_counted"], "MiB", digits=2),
+                "yes" if exact else "NO",
+                verdict(live / base[0], LIMIT) if cp == 2 else "",
+                verdict(rise / base[2], LIMIT) if cp == 2 else "",
+            ]
+        )
+    m = recipe.model
+    print(
+        f"bench_context: {Path(args.recipe).name} dim {m.dim}, {m.n_layers} layers, "
+        f"{m.n_heads}/{m.n_kv_heads} heads | {args.seq_len} tokens per sequence, one sequence "
+        f"per data rank | world {args.world} | fp32 | {args.threads} thread(s) per rank"
+    )
+    headers = ["contender", "tokens/rank", "live peak", "vs CP 1", "RSS peak", "vs CP 1"]
+    headers += ["RSS rise in step", "vs CP 1", "K/V sent/step", "= formula = wrapped"]
+    headers += [f"live <= {LIMIT}x", f"rise <= {LIMIT}x"]
+    print(table(headers, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
