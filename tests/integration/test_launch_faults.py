@@ -19,7 +19,10 @@ from faults import at_step, inject
 from test_failures import pretrain_args, yatrain
 
 from yatrain.cli import main
+from yatrain.errors import TrainingError
 from yatrain.harness.ranks import free_port
+from yatrain.runtime import rendezvous
+from yatrain.runtime.rendezvous import Endpoint
 
 RECIPE = str(ROOT / "recipes/tiny.yaml")  # its global batch: 16 sequences of 8 per rank
 
@@ -92,6 +95,16 @@ def test_a_port_held_by_another_program_is_one_line(monkeypatch, capsys, tmp_pat
         args = ["pretrain", RECIPE, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint]
         code, lines = run_cli([*args, "--rdzv-timeout", "2"], monkeypatch, capsys, tmp_path)
     one_line(code, lines, tmp_path, "the port is held by another program")
+
+
+def test_waiting_for_a_first_node_that_never_listens_is_said_and_bounded(monkeypatch):
+    """A node whose rendezvous host never comes up waited for minutes, printing C++ stack
+    frames: it says what it waits for, once, and ends with one line at the timeout."""
+    monkeypatch.setattr(rendezvous, "_local", lambda address: False)  # as if another host
+    said: list[str] = []
+    with pytest.raises(TrainingError, match=r"^nothing answered at --rdzv-endpoint 127\.0\.0\.1"):
+        rendezvous.reach(Endpoint("127.0.0.1", free_port()), 1, lambda: said.append("waiting"))
+    assert said == ["waiting"]
 
 
 PID_FILE = """

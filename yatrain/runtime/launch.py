@@ -22,6 +22,7 @@ before SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -197,11 +198,13 @@ def launch(job: Launch, argv: Sequence[str]) -> int:
     run_id = job.rdzv_id or uuid.uuid4().hex[:12]
     deadline = time.monotonic() + job.rdzv_timeout_s
     endpoint = job.endpoint
-    if endpoint is not None:
+    if endpoint is not None:  # several nodes: say so now; one: only if it has to wait
         low, high = job.nodes
+        line = waiting_line(endpoint, low, high, run_id, job.rdzv_timeout_s)
+        say = functools.partial(print, line, file=sys.stderr)
         if high > 1:
-            print(waiting_line(endpoint, low, high, run_id, job.rdzv_timeout_s), file=sys.stderr)
-        reach(endpoint, job.rdzv_timeout_s)
+            say()
+        reach(endpoint, job.rdzv_timeout_s, waiting=say if high == 1 else lambda: None)
     os.environ.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // job.nproc_per_node))
     )

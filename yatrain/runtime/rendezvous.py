@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch.distributed.elastic.rendezvous import (
@@ -61,12 +62,13 @@ def parse_endpoint(text: str) -> Endpoint:
     return Endpoint(match["v6"] or match["host"], port)
 
 
-def reach(endpoint: Endpoint, timeout_s: float) -> None:
+def reach(endpoint: Endpoint, timeout_s: float, waiting: Callable[[], None]) -> None:
     """Return once torch can join (or host) the rendezvous at ``endpoint``; one line when
     it cannot: the host does not resolve, the port is held by another program, or nothing
-    listens there within ``timeout_s``."""
+    listens there within ``timeout_s``. ``waiting`` is called once if it has to wait."""
     deadline = time.monotonic() + timeout_s
     address = _resolve(endpoint)
+    announced = False
     while True:
         left = deadline - time.monotonic()
         if _listening(address, min(2.0, max(left, 0.1))):
@@ -77,10 +79,13 @@ def reach(endpoint: Endpoint, timeout_s: float) -> None:
             raise ConfigError(_held(endpoint, "it is bound but does not accept connections"))
         if left <= 0:
             raise TrainingError(
-                f"nothing answered at --rdzv-endpoint {endpoint} within {timeout_s:g} s (the "
+                f"nothing answered at --rdzv-endpoint {endpoint} within {timeout_s:.0f} s (the "
                 "rendezvous timeout): start the job on the node at that address first, check "
                 "the port is open between the nodes, or allow longer with --rdzv-timeout"
             )
+        if not announced:
+            waiting()
+            announced = True
         time.sleep(_POLL_S)
 
 
@@ -145,7 +150,7 @@ def _answers_as_store(endpoint: Endpoint, seconds: float) -> None:
     except subprocess.TimeoutExpired:
         answered = False
     if not answered:
-        why = f"it accepts connections but did not answer as torch's store within {seconds:g} s"
+        why = f"it accepts connections but did not answer as torch's store within {seconds:.0f} s"
         raise ConfigError(_held(endpoint, why))
 
 
@@ -173,6 +178,11 @@ def _held(endpoint: Endpoint, why: str) -> str:
 
 def waiting_line(endpoint: Endpoint, low: int, high: int, run_id: str, timeout_s: int) -> str:
     """What the launcher waits for, where, and how long (printed before it waits)."""
+    if high == 1:
+        return (
+            f"yatrain: waiting for the rendezvous at {endpoint} to answer (job {run_id}), "
+            f"rendezvous timeout {timeout_s} s"
+        )
     if low == high:
         nodes = f"{low - 1} more of {low} nodes"
     else:
