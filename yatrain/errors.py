@@ -21,5 +21,10 @@ class TrainingError(YatrainError):
     """Training cannot continue (a non-finite loss, a lost peer rank)."""
 
 
+class LostPeer(TrainingError):
+    """This rank failed only because another did (it lost contact with a peer): a launcher
+    blames the other one first."""
+
+
 class Interrupted(YatrainError):
     """Stopped on SIGTERM/SIGINT after saving a checkpoint; resumable."""

@@ -12,13 +12,9 @@ command, in the order ``--help`` lists them.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import os
 import sys
-import time
-from pathlib import Path
 
 from typer import Abort
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer exports no other name
@@ -28,7 +24,8 @@ from yatrain.cli import data, train  # registered in the order --help lists them
 # isort: split
 from yatrain.cli import checkpoints
 from yatrain.cli.app import app
-from yatrain.errors import Interrupted, YatrainError
+from yatrain.errors import Interrupted, LostPeer, YatrainError
+from yatrain.runtime.launcher_link import die_with_launcher, tell_launcher
 
 __all__ = ["app", "checkpoints", "data", "main", "train"]
 
@@ -39,6 +36,7 @@ _USER_OS_ERRORS = _DISK_ERRORS | {errno.ENAMETOOLONG}  # a path the user typed
 
 
 def main() -> None:
+    die_with_launcher()  # a rank of a launcher that is killed ends too
     debug = "--debug" in sys.argv
     try:
         code = app(prog_name="yatrain", standalone_mode=False)
@@ -61,7 +59,7 @@ def main() -> None:
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
         print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
-        _tell_launcher(_one_line(error), 2)
+        tell_launcher(_one_line(error), 2, follows_another=isinstance(error, LostPeer))
         sys.exit(2)
     except KeyboardInterrupt:
         code = 130
@@ -80,14 +78,3 @@ def _one_line(error: BaseException) -> str:
         where = f": {error.filename}" if error.filename else ""
         return f"{error.strerror or error}{where}; free space or fix permissions, then rerun"
     return str(error)
-
-
-def _tell_launcher(message: str, code: int) -> None:
-    """Under torch elastic (``--nproc-per-node``, torchrun) write a failed rank's one line
-    to the error file its launcher reads (``TORCHELASTIC_ERROR_FILE``), so the launcher's
-    report names it, with the exit code (the launcher may stop the rank while it exits)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        report = {"message": message, "timestamp": int(time.time()), "exitcode": code}
-        with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps(report))

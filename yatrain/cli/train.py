@@ -16,8 +16,30 @@ from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.runtime.launch import Launch, launch
 from yatrain.sweep import run_sweep
+from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.loop import pretrain as run_pretrain
 from yatrain.train.setup import Checks
+
+# The launcher's options (torchrun's, and two of its own): see runtime/launch.py.
+NPROC_PER_NODE = typer.Option(
+    None, "--nproc-per-node", help="Start N ranks on this node (one per GPU), as torchrun."
+)
+NNODES = typer.Option("1", "--nnodes", help="Nodes of the job: N or MIN:MAX.")
+RDZV_ENDPOINT = typer.Option(
+    None, "--rdzv-endpoint", help="Several nodes: HOST:PORT where they meet."
+)
+RDZV_ID = typer.Option(
+    None, "--rdzv-id", help="Several nodes: the job's id, the same on every node."
+)
+MAX_RESTARTS = typer.Option(
+    0, "--max-restarts", help="Restart the ranks up to K times after a failure."
+)
+RDZV_TIMEOUT = typer.Option(
+    600, "--rdzv-timeout", help="Several nodes: seconds they wait for each other (at most)."
+)
+OVERSUBSCRIBE = typer.Option(
+    False, "--oversubscribe", help="On CPU, start more ranks than max(8, 2 x cores)."
+)
 
 
 @app.command(
@@ -60,24 +82,19 @@ def pretrain(
         min=1,
         help="On CPU, count live tensors during this step (slower) and log peak_tensor_bytes.",
     ),
-    nproc_per_node: int | None = typer.Option(
-        None, "--nproc-per-node", help="Start N ranks on this node (one per GPU), as torchrun."
-    ),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes of the job: N or MIN:MAX."),
-    rdzv_endpoint: str | None = typer.Option(
-        None, "--rdzv-endpoint", help="Several nodes: HOST:PORT where they meet."
-    ),
-    rdzv_id: str | None = typer.Option(
-        None, "--rdzv-id", help="Several nodes: the job's id, the same on every node."
-    ),
-    max_restarts: int = typer.Option(
-        0, "--max-restarts", help="Restart the ranks up to K times after a failure."
-    ),
+    nproc_per_node: int | None = NPROC_PER_NODE,
+    nnodes: str = NNODES,
+    rdzv_endpoint: str | None = RDZV_ENDPOINT,
+    rdzv_id: str | None = RDZV_ID,
+    max_restarts: int = MAX_RESTARTS,
+    rdzv_timeout: int = RDZV_TIMEOUT,
+    oversubscribe: bool = OVERSUBSCRIBE,
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
     if nproc_per_node is not None:  # the launcher: the ranks run this command without it
-        job = Launch(nproc_per_node, nnodes, rdzv_endpoint, rdzv_id, max_restarts)
-        load_recipe(recipe, overrides)  # a wrong recipe is one line here, not one per rank
+        rdzv = (rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout)
+        job = Launch(nproc_per_node, nnodes, *rdzv, oversubscribe)
+        check_launch(job, recipe, overrides)
         raise typer.Exit(launch(job, sys.argv[1:]))
     loaded = load_recipe(recipe, overrides)
     run_pretrain(
@@ -89,6 +106,17 @@ def pretrain(
         progress=progress,
         checks=Checks(fit=fit_check, verify=verify, tensor_step=tensor_peak_step),
     )
+
+
+def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
+    """The flags, the recipe, and the recipe against the job's world sizes (the batch
+    divides, the shard group divides): one line here, before any rank starts, not one per
+    rank per restart."""
+    job.check()
+    loaded = load_recipe(recipe, overrides)
+    for world in sorted(set(job.world_sizes())):
+        validate_world_size(loaded, world)
+        shard_group_size(loaded, world, job.nproc_per_node)
 
 
 @app.command(

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from yatrain.errors import TrainingError
+from yatrain.errors import LostPeer, TrainingError
 
 _PEER_SIGNS = (
     "connection reset by peer",
@@ -50,7 +50,7 @@ def explain(error: BaseException, where: str, report: Path | None = None) -> Tra
         )
     if lost_peer(error):
         named = f" (the hang report, {report}, names it)" if report is not None else ""
-        return TrainingError(
+        return LostPeer(
             f"lost contact with another rank {where} ({first}): it failed or was killed"
             f"{named}, and its own output says why; continue with --resume auto"
         )

@@ -106,29 +106,35 @@ class HangReporter:
             self.store.set(f"note/{self.rank}", json.dumps(note))
             self.published = True
 
-    def report(self, why: str) -> None:
+    def report(self, why: str) -> str | None:
         """Ask every rank for its note and publish this one's; the first rank to ask prints
-        the report, the others wait (bounded) until it is out, so the store's host stays."""
+        the report, the others wait (bounded) until it is out, so the store's host stays.
+        Returns the report's headline (which ranks are behind or gone), when there is one."""
         try:
             self.store.set("requested", "1")
             self.publish(why)
             first = self.store.add("reporter", 1) == 1
         except Exception:  # no store to report through: the one-line exit still comes
-            return
-        if first:
-            notes = self._collect()
-            text = format_report(
-                notes, self.world_size, self.run_dir, self.rank, why, self.flight_recorder
-            )
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
-            with contextlib.suppress(OSError):
-                hang_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
-                (hang_dir(self.run_dir) / "report.txt").write_text(text + "\n")
-            with contextlib.suppress(Exception):
-                self.store.set("done", str(self.rank))
-        else:
+            return None
+        if not first:
             self._wait_for(lambda: self.store.check(["done"]), self.grace_s + 5)
+            with contextlib.suppress(Exception):
+                return self.store.get("headline").decode()
+            return None
+        notes = self._collect()
+        text = format_report(
+            notes, self.world_size, self.run_dir, self.rank, why, self.flight_recorder
+        )
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            hang_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
+            (hang_dir(self.run_dir) / "report.txt").write_text(text + "\n")
+        headline = blame_headline(notes, self.world_size)[0]
+        with contextlib.suppress(Exception):
+            self.store.set("headline", headline)
+            self.store.set("done", str(self.rank))
+        return headline
 
     def _collect(self) -> dict[int, dict]:
         keys = [f"note/{r}" for r in range(self.world_size)]
@@ -170,16 +176,8 @@ def format_report(
 ) -> str:
     """The report's text: a headline naming the culprits, then one line per group of ranks
     in the same place."""
+    headline, behind = blame_headline(notes, world_size)
     missing = [r for r in range(world_size) if r not in notes]
-    most = max((n["collectives"] for n in notes.values()), default=0)
-    # Behind: fewer collectives entered than the rest and not waiting in one (a rank that
-    # waits is held up by another); without such a rank, any rank with fewer (a mismatch).
-    fewer = sorted(r for r, n in notes.items() if n["collectives"] < most)
-    behind = [r for r in fewer if not notes[r].get("waiting_on")] or (fewer if not missing else [])
-    blame = [f"{ranks_text(behind)} {'is' if len(behind) == 1 else 'are'} behind"] if behind else []
-    if missing:
-        blame.append(f"{ranks_text(missing)} sent nothing (dead, or cannot run Python)")
-    headline = "; ".join(blame) or "no rank is behind or missing (all wait in one collective)"
     lines = [f"yatrain: hang report (by rank {by}, {why}): {headline}"]
     groups: dict[str, list[int]] = {}
     for rank in sorted(notes):
@@ -197,6 +195,21 @@ def format_report(
             "host, when NCCL's own timeout fires (read them with torchfrtrace)"
         )
     return "\n".join(lines)
+
+
+def blame_headline(notes: dict[int, dict], world_size: int) -> tuple[str, list[int]]:
+    """The report's headline (the ranks behind, the ranks that sent nothing) and the ranks
+    behind."""
+    missing = [r for r in range(world_size) if r not in notes]
+    most = max((n["collectives"] for n in notes.values()), default=0)
+    # Behind: fewer collectives entered than the rest and not waiting in one (a rank that
+    # waits is held up by another); without such a rank, any rank with fewer (a mismatch).
+    fewer = sorted(r for r, n in notes.items() if n["collectives"] < most)
+    behind = [r for r in fewer if not notes[r].get("waiting_on")] or (fewer if not missing else [])
+    blame = [f"{ranks_text(behind)} {'is' if len(behind) == 1 else 'are'} behind"] if behind else []
+    if missing:
+        blame.append(f"{ranks_text(missing)} sent nothing (dead, or cannot run Python)")
+    return "; ".join(blame) or "no rank is behind or missing (all wait in one collective)", behind
 
 
 def describe(note: dict) -> str:

@@ -6,37 +6,62 @@ environment torchrun gives (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the rendez
 run behaves exactly as under ``torchrun -m yatrain``. Local rank 0 writes to this console;
 the other ranks' output goes to files in a temporary directory (each rank's one error line
 also reaches the launcher through torch elastic's error file, which ``cli.main`` writes).
-When ranks fail the launcher prints one summary of two lines: the rank that failed first
-(its error file is the oldest), its error line and exit code; then which ranks stopped after
-it and where the other ranks' logs are. A job that
-succeeds prints nothing of the launcher's and leaves no logs. SIGTERM and SIGINT are passed
-to the ranks (torch's agent does it), which save a checkpoint and stop as under torchrun;
-``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (seconds, default 30) is how long they get before SIGKILL.
+
+Bounded: the flags are checked before anything starts (at most one rank per visible GPU, on
+CPU at most max(8, 2 x cores) unless ``--oversubscribe``), and so is the endpoint of a
+job on several nodes (``rendezvous.py``); the launcher says what it waits for and for how
+long (``--rdzv-timeout``), and a failed wait is one line. Never orphaned: each rank dies
+with its launcher (``launcher_link.py``). When ranks fail it prints two lines, naming the
+rank that failed first (``blame.py``). A job that succeeds prints nothing of the launcher's
+and leaves no logs; nor does a job refused before its ranks start. SIGTERM and SIGINT are
+passed to the ranks (torch's agent does it), which save a checkpoint and stop as under
+torchrun; ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (seconds, default 30) is how long they get
+before SIGKILL.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import re
 import shutil
-import signal
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from yatrain.errors import ConfigError
+from yatrain.errors import ConfigError, TrainingError
+from yatrain.runtime.blame import StoppedRanks, summary
+from yatrain.runtime.launcher_link import LAUNCHER_PID
+from yatrain.runtime.rendezvous import Endpoint, failure_line, parse_endpoint, reach, waiting_line
 
-LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-id", "--max-restarts")
-_PREFIX = "yatrain: error"
+LAUNCH_FLAGS = (
+    "--nproc-per-node",
+    "--nnodes",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--rdzv-timeout",
+    "--max-restarts",
+)
+LAUNCH_SWITCHES = ("--oversubscribe",)  # launch flags without a value
+MAX_RANKS_PER_NODE = 1024  # even with --oversubscribe
+MAX_RDZV_TIMEOUT_S = 86_400
+_NODES = re.compile(r"([0-9]{1,6})(?::([0-9]{1,6}))?")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
+_AGENT_SIGNALS = "torch.distributed.elastic.multiprocessing.api"  # logs the signals it sends
 
 
 @dataclass(frozen=True)
@@ -48,30 +73,100 @@ class Launch:
     rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous (several nodes)
     rdzv_id: str | None = None  # the job's id: the same on every node and restart
     max_restarts: int = 0
+    rdzv_timeout_s: int = 600  # how long the nodes wait for each other (torch's join timeout)
+    oversubscribe: bool = False  # more CPU ranks than max(8, 2 x cores)
 
-    def config(self, log_dir: Path) -> LaunchConfig:
-        """The elastic launch of this job, checked (one line when a flag is wrong)."""
-        low, _, high = self.nnodes.partition(":")
-        if not (low.isdigit() and (high or low).isdigit() and 1 <= int(low) <= int(high or low)):
-            raise ConfigError(f"--nnodes {self.nnodes}: pass a number of nodes, or MIN:MAX")
-        if self.nproc_per_node < 1 or self.max_restarts < 0:
-            raise ConfigError("--nproc-per-node must be at least 1 and --max-restarts at least 0")
-        several = int(high or low) > 1
-        if several and not self.rdzv_endpoint:
+    @property
+    def nodes(self) -> tuple[int, int]:
+        """(min, max) nodes; one line when ``--nnodes`` is not N or MIN:MAX."""
+        match = _NODES.fullmatch(self.nnodes)
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
+        if not 1 <= low <= high:
+            raise ConfigError(f"--nnodes {self.nnodes[:80]}: pass a number of nodes, or MIN:MAX")
+        return low, high
+
+    def world_sizes(self) -> tuple[int, int]:
+        """The fewest and the most ranks of the job."""
+        low, high = self.nodes
+        return low * self.nproc_per_node, high * self.nproc_per_node
+
+    def check(self, gpus: int | None = None, cores: int | None = None) -> None:
+        """Every flag, before anything starts; ``gpus``/``cores``: this node's (default)."""
+        gpus = visible_gpus() if gpus is None else gpus
+        check_ranks(self.nproc_per_node, gpus, cores or os.cpu_count() or 1, self.oversubscribe)
+        _, high = self.nodes
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts}: pass 0 or more")
+        if not 1 <= self.rdzv_timeout_s <= MAX_RDZV_TIMEOUT_S:
+            raise ConfigError(
+                f"--rdzv-timeout {self.rdzv_timeout_s}: pass seconds from 1 to {MAX_RDZV_TIMEOUT_S}"
+            )
+        if high > 1 and not (self.rdzv_endpoint and self.rdzv_id):
             raise ConfigError(
                 f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a node every node "
                 "reaches) and --rdzv-id (the job's id, the same on every node)"
             )
+        if self.rdzv_endpoint is not None:
+            parse_endpoint(self.rdzv_endpoint)
+        if self.rdzv_id is not None:
+            check_run_id(self.rdzv_id, "--rdzv-id")
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        return parse_endpoint(self.rdzv_endpoint) if self.rdzv_endpoint else None
+
+    def config(self, log_dir: Path, run_id: str, timeout_s: float) -> LaunchConfig:
+        """The elastic launch of this (checked) job; ``timeout_s``: what is left of the
+        rendezvous timeout."""
+        low, high = self.nodes
         others = {r: Std.ALL for r in range(1, self.nproc_per_node)}  # rank 0: this console
+        seconds = max(1, round(timeout_s))
         return LaunchConfig(
-            min_nodes=int(low),
-            max_nodes=int(high or low),
+            min_nodes=low,
+            max_nodes=high,
             nproc_per_node=self.nproc_per_node,
-            run_id=self.rdzv_id or uuid.uuid4().hex[:12],
+            run_id=run_id,
             rdzv_backend="c10d",
-            rdzv_endpoint=self.rdzv_endpoint or "localhost:0",
+            rdzv_endpoint=str(self.endpoint) if self.endpoint else "localhost:0",
+            rdzv_configs={"join_timeout": seconds, "read_timeout": min(60, seconds)},
             max_restarts=self.max_restarts,
             logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects={0: Std.NONE, **others}),
+        )
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_ranks(ranks: int, gpus: int, cores: int, oversubscribe: bool) -> None:
+    """At most one rank per visible GPU; on CPU at most max(8, 2 x cores) unless
+    ``oversubscribe``, and never more than ``MAX_RANKS_PER_NODE``."""
+    digits = str(ranks)
+    flag = f"--nproc-per-node {digits if len(digits) <= 24 else digits[:20] + '...'}"
+    if ranks < 1:
+        raise ConfigError(f"{flag}: start at least 1 rank")
+    if gpus and ranks > gpus:
+        raise ConfigError(
+            f"{flag}: this node sees {gpus} GPU(s) and each rank needs one of its own; pass "
+            f"at most {gpus} (CUDA_VISIBLE_DEVICES chooses which)"
+        )
+    limit = max(8, 2 * cores)
+    if ranks > MAX_RANKS_PER_NODE:
+        raise ConfigError(f"{flag}: at most {MAX_RANKS_PER_NODE} ranks per node")
+    if not gpus and ranks > limit and not oversubscribe:
+        raise ConfigError(
+            f"{flag}: more ranks than this node's {cores} CPU core(s) run well (at most "
+            f"max(8, 2 x cores) = {limit}); pass fewer, or --oversubscribe to start them anyway"
+        )
+
+
+def check_run_id(run_id: str, flag: str) -> None:
+    """A job id is part of file names (its logs, ``runs/RECIPE-ID``): a plain name."""
+    if not _RUN_ID.fullmatch(run_id):
+        shown = run_id if len(run_id) <= 80 else f"{run_id[:80]}... ({len(run_id)} characters)"
+        raise ConfigError(
+            f"{flag} {shown!r}: pass a name of at most 128 letters, digits, '.', '_' or '-' "
+            "(not starting with '.' or '-'), e.g. the scheduler's job id"
         )
 
 
@@ -84,7 +179,9 @@ def worker_args(argv: Sequence[str]) -> list[str]:
             skip = False
         elif arg in LAUNCH_FLAGS:
             skip = True
-        elif not arg.startswith(tuple(f"{flag}=" for flag in LAUNCH_FLAGS)):
+        elif arg not in LAUNCH_SWITCHES and not arg.startswith(
+            tuple(f"{flag}=" for flag in LAUNCH_FLAGS)
+        ):
             args.append(arg)
     return args
 
@@ -97,73 +194,64 @@ def launch(job: Launch, argv: Sequence[str]) -> int:
             "--nproc-per-node starts the ranks itself: run `yatrain pretrain --nproc-per-node N` "
             "directly, or torchrun without --nproc-per-node on the yatrain command"
         )
-    log_dir = Path(tempfile.mkdtemp(prefix="yatrain-ranks-"))
+    job.check()
+    run_id = job.rdzv_id or uuid.uuid4().hex[:12]
+    deadline = time.monotonic() + job.rdzv_timeout_s
+    endpoint = job.endpoint
+    if endpoint is not None:  # several nodes: say so now; one: only if it has to wait
+        low, high = job.nodes
+        line = waiting_line(endpoint, low, high, run_id, job.rdzv_timeout_s)
+        say = functools.partial(print, line, file=sys.stderr)
+        if high > 1:
+            say()
+        reach(endpoint, job.rdzv_timeout_s, waiting=say if high == 1 else lambda: None)
     os.environ.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // job.nproc_per_node))
     )
-    levels = _silence_torch_elastic()  # its own reports: the summary says what matters
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # each rank dies with this process
+    log_dir = Path(tempfile.mkdtemp(prefix="yatrain-ranks-"))
+    keep_logs, stopped = False, StoppedRanks()
     try:
-        elastic_launch(job.config(log_dir), sys.executable)("-m", "yatrain", *worker_args(argv))
+        with _quiet_torch_elastic(stopped):
+            left = deadline - time.monotonic()
+            config = job.config(log_dir, run_id, left)
+            elastic_launch(config, sys.executable)("-m", "yatrain", *worker_args(argv))
     except ChildFailedError as failed:
-        lines, code = summary(failed, job, log_dir)
+        lines, code = summary(failed.failures, job.world_sizes()[0], log_dir, stopped.pids)
         print("\n".join(lines), file=sys.stderr)
+        keep_logs = True
         return code
-    except SignalException as stopped:
-        shutil.rmtree(log_dir, ignore_errors=True)
-        return 128 + int(stopped.sigval)
+    except SignalException as signalled:
+        return 128 + int(signalled.sigval)
+    except RendezvousError as error:
+        shown = endpoint or Endpoint("localhost", 0)
+        line = failure_line(error, shown, job.nnodes, run_id, job.rdzv_timeout_s)
+        raise TrainingError(line) from None
     finally:
-        for logger, level in levels.items():
-            logger.setLevel(level)
-    shutil.rmtree(log_dir, ignore_errors=True)
+        os.environ.pop(LAUNCHER_PID, None)
+        if not keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
     return 0
 
 
-def _silence_torch_elastic() -> dict[logging.Logger, int]:
-    """Torch elastic's loggers (each sets its own level) at CRITICAL; their old levels."""
+@contextlib.contextmanager
+def _quiet_torch_elastic(stopped: StoppedRanks) -> Iterator[None]:
+    """Torch elastic's loggers (each sets its own level) at CRITICAL, its own reports
+    unprinted (the summary says what matters), but the signals its agent sends recorded."""
     names = [n for n in logging.root.manager.loggerDict if n.startswith(_TORCH_LOGGERS)]
     loggers = [logging.getLogger(name) for name in [*_TORCH_LOGGERS, *names]]
     levels = {logger: logger.level for logger in loggers}
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
-    return levels
-
-
-def summary(failed: ChildFailedError, job: Launch, log_dir: Path) -> tuple[list[str], int]:
-    """Two lines: the rank that failed first (the oldest error file), its error line and exit
-    code; then the ranks that stopped after it and where the logs are. Also the exit code."""
-    world = job.nproc_per_node * int(job.nnodes.partition(":")[0])
-    failures = failed.failures
-    rank = min(failures, key=lambda r: (_written_at(failures[r]), r))
-    first = failures[rank]
-    code = first.error_file_data.get("exitcode", first.exitcode)  # a rank stopped as it exited
-    if not isinstance(code, int):
-        code = first.exitcode
-    if code < 0:
-        how, code = f"killed by {signal.Signals(-code).name}", 128 - code
-    else:
-        how = f"exit code {code}"
-    why = first.message if first.error_file_data.get("message") else None
-    why = why or _last_line(log_dir, first.local_rank)
-    after = ", ".join(str(r) for r in sorted(failures) if r != rank)
-    logs = f"the other ranks' logs are in {log_dir}"
-    return [
-        f"{_PREFIX}: rank {rank} of {world} failed ({how}): {why}",
-        f"{_PREFIX}: rank(s) {after} stopped after it; {logs}" if after else f"({logs})",
-    ], code
-
-
-def _written_at(failure) -> float:
-    """When a rank wrote its error file (ns resolution); never, for a rank killed first."""
+    agent = logging.getLogger(_AGENT_SIGNALS)
+    propagate = agent.propagate
+    agent.setLevel(logging.WARNING)
+    agent.propagate = False
+    agent.addHandler(stopped)
     try:
-        return os.stat(failure.error_file).st_mtime_ns
-    except OSError:
-        return float("inf")
-
-
-def _last_line(log_dir: Path, local_rank: int) -> str:
-    """What a rank that wrote no error file printed last (its newest log file), if anything."""
-    logs = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=os.path.getmtime)
-    if not logs:
-        return "no error line (see the output above)"
-    lines = [line for line in logs[-1].read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
+        yield
+    finally:
+        agent.removeHandler(stopped)
+        agent.propagate = propagate
+        for logger, level in levels.items():
+            logger.setLevel(level)

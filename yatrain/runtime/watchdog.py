@@ -21,6 +21,7 @@ import threading
 import time
 
 from yatrain.runtime.hang import HangReporter, StackFile
+from yatrain.runtime.launcher_link import tell_launcher
 
 EXIT_CODE = 3  # a stuck collective (2: a user error, 130: stopped by a signal)
 
@@ -97,15 +98,17 @@ class Watchdog:
         self.stopping.set()
         which = "its output says which"
         if self.reporter is not None:
-            self.reporter.report(f"{phase} made no progress for {waited:.0f} s")
-            which = f"the hang report, {self.reporter.run_dir / 'hang/report.txt'}, names it"
-        sys.stderr.write(
-            f"yatrain: error (rank {self.rank}): {phase} has made no progress for "
-            f"{waited:.0f} s (train.collective_timeout_s {self.timeout_s:g}): a collective is "
-            f"stuck because another rank hung or died ({which}); stopping this rank, "
-            "continue with --resume auto\n"
+            headline = self.reporter.report(f"{phase} made no progress for {waited:.0f} s")
+            report = self.reporter.run_dir / "hang/report.txt"
+            which = f"the hang report, {report}, says: {headline}" if headline else which
+        line = (
+            f"{phase} has made no progress for {waited:.0f} s (train.collective_timeout_s "
+            f"{self.timeout_s:g}): a collective is stuck because another rank hung or died "
+            f"({which}); stopping this rank, continue with --resume auto"
         )
+        sys.stderr.write(f"yatrain: error (rank {self.rank}): {line}\n")
         sys.stderr.flush()
+        tell_launcher(line, EXIT_CODE, follows_another=True)  # the launcher's summary says it
         if self.reporter is not None:
             self.reporter.stopped()
         os._exit(EXIT_CODE)  # the main thread is blocked in the collective: end it here

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
+from yatrain.runtime.launch import check_run_id
 
 LOCK_FILE = ".yatrain.lock"
 OWNER_FILE = ".yatrain-owner"  # in a checkpoint.dir outside its run: the run that owns it
@@ -63,6 +64,7 @@ def check_resume_path(path: Path, ckpt_dirname: str) -> None:
 def default_run_dir(recipe_name: str, root: Path = Path("runs")) -> Path:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
+        check_run_id(run_id, "--rdzv-id")  # torchrun's: a name, never a path out of runs/
         return root / f"{recipe_name}-{run_id}"  # shared by the job's ranks and restarts
     base = f"{recipe_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     root.mkdir(parents=True, exist_ok=True)
