@@ -118,6 +118,10 @@ class TrainConfig:
     # The torch.compile backend: inductor generates kernels (C++ on CPU, Triton on GPUs);
     # aot_eager traces the same graphs with the same guards but runs eager kernels (debugging).
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # Where inductor keeps the code it compiles; null = a private per-user cache (0700,
+    # ~/.cache/yatrain/inductor), never the run directory. A compile cache is code: share it
+    # only with people you would let run code as you (runtime/compile_cache.py).
+    compile_cache: str | None = None
     # The decoder layers' projections compute in float8 through torchao (models/float8.py):
     # null = off; tensorwise also gathers those weights in float8 (half a bf16 gather).
     float8: Literal["tensorwise", "rowwise"] | None = None
