@@ -34,7 +34,8 @@ class RopeScaling:
     factor: float = _limit(gt=0)  # Llama 3.1: 8, Llama 3.2: 32
     low_freq_factor: float = _limit(1.0, gt=0)
     high_freq_factor: float = _limit(4.0, gt=0)  # > low_freq_factor
-    original_max_position_embeddings: int = _limit(8192, ge=1)  # the pretraining context
+    # The pretraining context; bounded so the rotary arithmetic stays in int64 and fp32.
+    original_max_position_embeddings: int = _limit(8192, ge=1, le=2**31)
     rope_type: Literal["llama3"] = "llama3"  # config.json's spelling; the only type read
 
 
