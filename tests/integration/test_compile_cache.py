@@ -83,9 +83,10 @@ def test_a_shared_cache_is_only_what_train_compile_cache_names(tmp_path):
     with pytest.raises(ConfigError, match="inside the run directory") as refused:
         cache_for_run(str(run_dir / "compile-cache"), run_dir)
     assert compile_cache.SHARE_RULE in str(refused.value)
-    shared.chmod(0o777)
-    with pytest.raises(ConfigError, match="writable by every user"):
-        cache_for_run(str(shared), run_dir)
+    for mode in (0o777, 0o1777):  # a sticky bit still lets anyone add entries
+        shared.chmod(mode)
+        with pytest.raises(ConfigError, match="writable by every user"):
+            cache_for_run(str(shared), run_dir)
 
 
 def test_a_read_only_cache_location_is_one_line(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ can write:
   owned by another user, is refused in one line;
 - ``train.compile_cache: PATH`` names another one, to share compiled code between users
   or nodes on purpose (SHARE_RULE); it may not be inside the run directory nor writable
-  by everyone.
+  by every user (a sticky bit does not help: anyone could still add entries).
 
 Torch creates its own default (``$TMPDIR/torchinductor_$USER``, 0755) the moment inductor
 is imported, so ``protect_process`` points the variable at the private directory before
@@ -64,8 +64,7 @@ def cache_for_run(explicit: str | None, run_dir: Path) -> Path:
             "train.compile_cache for the private default"
         )
     _create(path, "train.compile_cache")
-    mode = path.stat().st_mode
-    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+    if path.stat().st_mode & stat.S_IWOTH:  # sticky or not: anyone could add entries
         raise ConfigError(
             f"train.compile_cache: {path} is writable by every user ({SHARE_RULE}): "
             f"chmod o-w {path}, or remove train.compile_cache for the private default"
