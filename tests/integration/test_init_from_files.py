@@ -117,6 +117,16 @@ def _past_end(header: dict) -> None:
     header[NORM]["data_offsets"] = [begin + 10**6, end + 10**6]
 
 
+def _gap(folder: Path) -> None:
+    """The last tensor moved 4 bytes on, 4 bytes appended: a hole safetensors refuses."""
+    header, data = split(folder / WEIGHTS)
+    named = [(k, v) for k, v in header.items() if k != "__metadata__"]
+    name, last = max(named, key=lambda item: item[1]["data_offsets"][0])
+    begin, end = last["data_offsets"]
+    last["data_offsets"] = [begin + 4, end + 4]
+    join(folder / WEIGHTS, header, data[:begin] + bytes(4) + data[begin:])
+
+
 def _index_naming(file: str) -> Callable[[Path], None]:
     def apply(folder: Path) -> None:
         header, _ = split(folder / WEIGHTS)
@@ -157,6 +167,7 @@ MALFORMED = [
     ("empty_file", truncate(lambda size: 0), [WEIGHTS, "0 bytes"]),
     ("overlapping_offsets", edit_header(_overlap), [WEIGHTS, NORM, "overlap"]),
     ("past_end_offsets", edit_header(_past_end), [WEIGHTS, NORM, "data_offsets"]),
+    ("gap_between_tensors", _gap, [WEIGHTS, "leave a gap"]),
     ("unknown_dtype", edit_header(_entry(NORM, dtype="Q9")), [WEIGHTS, NORM, "dtype 'Q9'"]),
     ("relabelled_i32", edit_header(_entry(EMBED, dtype="I32")), [WEIGHTS, EMBED, "dtype 'I32'"]),
     ("negative_shape", edit_header(_entry(NORM, shape=[-64])), [WEIGHTS, NORM, "shape [-64]"]),

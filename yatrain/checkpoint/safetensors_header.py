@@ -95,20 +95,22 @@ def _check_metadata(metadata: object, at: str) -> None:
 
 
 def _check_offsets(tensors: dict[str, TensorEntry], data_bytes: int, at: str) -> None:
-    """Tensors lie inside the data section, one after another, never overlapping."""
-    previous: tuple[str, TensorEntry] | None = None
-    for name, entry in sorted(tensors.items(), key=lambda item: item[1].begin):
+    """Tensors lie inside the data section one after another, without overlaps or gaps
+    (the format's rule, which safetensors enforces when the file is opened)."""
+    end, previous = 0, "the start of the data"
+    for name, entry in sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end)):
         if entry.end > data_bytes:
             raise ConfigError(
                 f"{at}: tensor {name}: data_offsets end at byte {entry.end}, past the file's "
                 f"{data_bytes} bytes of data (a truncated file?): replace it"
             )
-        if previous is not None and entry.begin < previous[1].end:
+        if entry.begin != end:
+            how = "overlap those of" if entry.begin < end else "leave a gap after"
             raise ConfigError(
-                f"{at}: tensor {name}: data_offsets [{entry.begin}, {entry.end}] overlap "
-                f"those of {previous[0]}: the file is damaged: replace it"
+                f"{at}: tensor {name}: data_offsets [{entry.begin}, {entry.end}] {how} "
+                f"{previous}: the file is damaged: replace it"
             )
-        previous = (name, entry)
+        end, previous = entry.end, name
 
 
 def _is_count(value: object) -> bool:
