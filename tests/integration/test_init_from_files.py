@@ -3,6 +3,7 @@ every one is refused in one line naming the file and the field, before a wrong w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -16,6 +17,7 @@ import torch
 from conftest import FAST, ROOT
 from safetensors.torch import save_file
 
+from yatrain.checkpoint import store as ckpt
 from yatrain.checkpoint.init_from import init_from_source
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
@@ -226,3 +228,19 @@ def test_a_relabelled_dtype_is_one_line_from_the_cli(folder, small_data, isolate
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert f"{WEIGHTS}: tensor {EMBED}: dtype 'I32'" in line
+
+
+def test_nan_weights_in_a_yatrain_checkpoint_are_refused_naming_the_tensor(tmp_path):
+    """A checkpoint's checksums guard against accidents, not against whoever rewrote them:
+    its weights are checked finite as they load too."""
+    cfg = tiny()
+    model = build_model(cfg)
+    engine = ShardedEngine.from_model(model, device="cpu", seed=0)
+    opt = torch.optim.AdamW(engine.param_groups(0.1), lr=1e-3)
+    with torch.no_grad():
+        engine.param_groups(0.1)[0]["params"][0][5] = math.nan
+    meta = {"model": dataclasses.asdict(cfg)}
+    path = ckpt.save_checkpoint(tmp_path, 1, engine, opt, None, meta, is_main=True, keep=1)
+    with pytest.raises(ConfigError, match=r"holds NaN or infinite values") as refused:
+        load(path)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
