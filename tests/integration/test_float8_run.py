@@ -65,16 +65,17 @@ def _four_ranks(rank, world, data, hybrid):
 
 
 # How far a float8 run drifts from the same run summed in another order, over its 6 steps.
-# Measured (tests/float8_drift.py, 30 seeds of weights and batches): about half the seeds
-# stay within 3e-7 of the flat group and of one process; in the others one last-bit
-# difference of the gradient sum (or of Adam's update of an element whose gradient is near
-# its eps) puts a weight or an activation on the other side of an fp8 rounding boundary, a
-# whole e4m3 step (6-12%), and from that step on the runs differ like two seeds of
-# training: losses by up to 1.05e-3 (1.24e-3 on another machine), gradient norms by 5.4e-3,
-# weights by 1.9e-2, for the flat group as much as for one process. Summing in one order on
-# every topology would make them equal; no collective library promises that. Bounds: 4x
-# the largest measured; the exact checks are step 1 (same weights: only the summation
-# order differs, measured <= 2.7e-7) and the replicas' agreement.
+# Measured (`python tests/float8_drift.py 30`: 30 seeds of weights and batches): in 14 seeds
+# the losses stay within 3e-7 of the flat group and of one process. In the other 16 a last-bit
+# difference (the gradient summed in another order; one process's plain logits loss
+# against the engine's fused head) grows over the updates until a weight or an activation
+# lands on the other side of an fp8 rounding boundary, a whole e4m3 step (6-12%), and from
+# then on the runs differ like two seeds of training: losses by up to 1.12e-3 (1.24e-3 on
+# another machine), gradient norms by 5.4e-3, weights by 2.0e-2, the flat group as much as
+# one process. Only summing in one order on every topology would make them equal, which no
+# collective library promises. Bounds: 4x the largest drift measured. Exact where no fp8
+# boundary can have been crossed yet: step 1 (the same weights; the gradients differ only
+# in summation order: measured <= 2.7e-7) and the replicas' agreement.
 FLOAT8_DRIFT = {"loss": 5e-3, "norm": 2.5e-2, "weights": 8e-2}
 STEP1 = 1e-6
 
