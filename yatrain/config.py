@@ -34,7 +34,8 @@ class RopeScaling:
     factor: float = _limit(gt=0)  # Llama 3.1: 8, Llama 3.2: 32
     low_freq_factor: float = _limit(1.0, gt=0)
     high_freq_factor: float = _limit(4.0, gt=0)  # > low_freq_factor
-    original_max_position_embeddings: int = _limit(8192, ge=1)  # the pretraining context
+    # The pretraining context; bounded so the rotary arithmetic stays in int64 and fp32.
+    original_max_position_embeddings: int = _limit(8192, ge=1, le=2**31)
     rope_type: Literal["llama3"] = "llama3"  # config.json's spelling; the only type read
 
 
@@ -118,6 +119,10 @@ class TrainConfig:
     # The torch.compile backend: inductor generates kernels (C++ on CPU, Triton on GPUs);
     # aot_eager traces the same graphs with the same guards but runs eager kernels (debugging).
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # Where inductor keeps the code it compiles; null = a private per-user cache (0700,
+    # ~/.cache/yatrain/inductor), never the run directory. A compile cache is code: share it
+    # only with people you would let run code as you (runtime/compile_cache.py).
+    compile_cache: str | None = None
     # The decoder layers' projections compute in float8 through torchao (models/float8.py):
     # null = off; tensorwise also gathers those weights in float8 (half a bf16 gather).
     float8: Literal["tensorwise", "rowwise"] | None = None

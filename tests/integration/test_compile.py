@@ -23,6 +23,7 @@ from yatrain.errors import ConfigError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
+from yatrain.train import loop
 from yatrain.train.compile import check_backend, compile_layers
 from yatrain.train.loop import pretrain
 from yatrain.train.setup import Checks
@@ -37,9 +38,11 @@ COMPILE_TOLERANCE = 1e-4
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
+def fresh_dynamo(tmp_path, monkeypatch):
     """Each test starts with no compiled code: graphs compiled by earlier tests (other
-    shapes) would otherwise count against dynamo's per-function cache limit."""
+    shapes) would otherwise count against dynamo's per-function cache limit. The private
+    compile cache (runtime/compile_cache.py) lives under tmp_path."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-home"))
     torch.compiler.reset()
     yield
     torch.compiler.reset()
@@ -94,6 +97,45 @@ def test_compiled_hybrid_sharding_matches_eager():
     for (e_loss, e_norm), (c_loss, c_norm) in zip(eager, compiled, strict=True):
         assert max_rel(c_loss, e_loss) < COMPILE_TOLERANCE
         assert max_rel(c_norm, e_norm) < COMPILE_TOLERANCE
+
+
+def test_every_layer_runs_compiled():
+    """Each step's forward runs the compiled graph once per decoder layer (a layer left out
+    of ``compile_layers`` would run eagerly, unseen by the graph counts)."""
+    calls = []
+
+    def counting(graph, example_inputs):
+        def run(*args):
+            calls.append(1)
+            return graph.forward(*args)
+
+        return run
+
+    model = build_model(CFG)
+    engine = engine_for(model)
+    compile_layers(model.layers, counting)
+    opt = optimizer_for(engine.param_groups(0.1))
+    for step in batches(2, steps=3):
+        before = len(calls)
+        train_step(model, engine, opt, [(step[:, :-1], step[:, 1:])], grad_clip=0.0)
+        assert len(calls) - before == CFG.n_layers
+
+
+def test_a_graph_compiled_after_warm_up_is_a_recompile(small_data, tmp_path, monkeypatch):
+    """Step 2's micro-batches one token shorter: a new shape, a graph compiled after the
+    warm-up, which the summary must count."""
+    calls = []
+
+    def shorter_from_step_2(model, engine, optimizer, micro_batches, **kwargs):
+        calls.append(1)
+        if len(calls) >= 2:
+            micro_batches = [(inputs[:, :-1], targets[:, :-1]) for inputs, targets in micro_batches]
+        return train_step(model, engine, optimizer, micro_batches, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", shorter_from_step_2)
+    summary = pretrain(recipe(small_data), run_dir=tmp_path / "run", steps=3, progress=False)
+    assert summary["recompiles"] >= 1
+    assert summary["compile_graphs"] == summary["recompiles"] + 1
 
 
 def test_no_grad_forward_compiles_its_own_graph_once():

@@ -64,19 +64,38 @@ def _four_ranks(rank, world, data, hybrid):
     return train_sharded(rank, world, *args, mesh=mesh)
 
 
+# How far a float8 run drifts from the same run summed in another order, over its 6 steps.
+# Measured (`python tests/float8_drift.py 30`: 30 seeds of weights and batches): in 14 seeds
+# the losses stay within 3e-7 of the flat group and of one process. In the other 16 a last-bit
+# difference (the gradient summed in another order; one process's plain logits loss
+# against the engine's fused head) grows over the updates until a weight or an activation
+# lands on the other side of an fp8 rounding boundary, a whole e4m3 step (6-12%), and from
+# then on the runs differ like two seeds of training: losses by up to 1.12e-3 (1.24e-3 on
+# another machine), gradient norms by 5.4e-3, weights by 2.0e-2, the flat group as much as
+# one process. Only summing in one order on every topology would make them equal, which no
+# collective library promises. Bounds: 4x the largest drift measured. Exact where no fp8
+# boundary can have been crossed yet: step 1 (the same weights; the gradients differ only
+# in summation order: measured <= 2.7e-7) and the replicas' agreement.
+FLOAT8_DRIFT = {"loss": 5e-3, "norm": 2.5e-2, "weights": 8e-2}
+STEP1 = 1e-6
+
+
 def test_hybrid_sharding_in_float8_matches_plain_sharding_and_one_process():
     """2 replicas of shard groups of 2: each group agrees on its scales, the replicas on
-    everything, and the run is the one a flat group of 4 makes. Four ranks sum gradients in
-    another order than one process; an fp8 cast turns such last-bit differences into whole
-    rounding steps, so the one-process bound is wider than in fp32."""
+    everything, and the run is the one a flat group of 4 and one process make (to the
+    float8 drift above)."""
     data = batches(8, steps=6)
     want = reference(data, 1.0, 0, "tensorwise", piece=1)  # each rank's micro-batches
     hybrid = run_ranks(4, _four_ranks, data, True)
     flat = run_ranks(4, _four_ranks, data, False)[0]
     losses, norms, weights = hybrid[0]
-    assert max_rel(losses, flat[0]) < 1e-6 and max_rel(norms, flat[1]) < 1e-5
-    assert weights_rel(weights, flat[2]) < 1e-5
-    assert max_rel(losses, want[0]) < 1e-3
+    for other in (flat, want):
+        assert (
+            max_rel(losses[:1], other[0][:1]) < STEP1 and max_rel(norms[:1], other[1][:1]) < STEP1
+        )
+        assert max_rel(losses, other[0]) < FLOAT8_DRIFT["loss"]
+        assert max_rel(norms, other[1]) < FLOAT8_DRIFT["norm"]
+        assert weights_rel(weights, other[2]) < FLOAT8_DRIFT["weights"]
     for other in hybrid[1:]:
         assert other[1] == norms
 

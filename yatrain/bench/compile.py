@@ -1,12 +1,13 @@
 """train.compile through the CLI: steady-state step time, eager vs compiled, and its cost.
 
 Each repeat runs ``yatrain pretrain`` twice on the same recipe and data, once eager and once
-with ``--set train.compile=true``, in alternating order, each in a fresh run directory (so
-each compiled run starts with a cold inductor cache, as a new run does). The steady-state
+with ``--set train.compile=true``, in alternating order, each in a fresh run directory with
+its own fresh ``train.compile_cache`` (so each compiled run starts with a cold inductor
+cache, as a new run does). The steady-state
 step time is the median of the logged windows' step times after step 1 (compile time is
 left out of them by the loop and read from its "compiled N graphs in X s" line). Finally the
-last compiled run is restarted for a few more steps in its run directory, where it finds
-its cache: the warm start.
+last compiled run is restarted for a few more steps in its run directory with the same
+cache, where it finds its kernels: the warm start.
 
   python -m yatrain.bench.compile --data data/stdlib                       # tiny recipe shape
   python -m yatrain.bench.compile --data data/stdlib --set model.dim=512 --set model.n_layers=8
@@ -32,6 +33,7 @@ def pretrain(args, run_dir: Path, compiled: bool, steps: int) -> tuple[float, fl
         *args.set,
         f"data.path={args.data}",
         f"train.compile={str(compiled).lower()}",
+        f"train.compile_cache={run_dir.with_name(run_dir.name + '-cache')}",
         f"train.dtype={args.dtype}",
         f"train.log_every={args.log_every}",
         "eval.every=0",

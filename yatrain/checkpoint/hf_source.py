@@ -6,7 +6,10 @@ safetensors maps each file and reads the slice asked for, so a rank that keeps r
 them to other rows of the same heads, which are read instead), and copies them straight
 into the materialised parameter (cast there). Nothing is kept between reads: a file is
 opened for one chunk of rows (``CHUNK_NUMEL``) and closed again, so the mapped pages and
-the copies in flight stay a few MiB however large the tensor.
+the copies in flight stay a few MiB however large the tensor. Every file's header is
+checked first (``safetensors_header``: F32, BF16 and F16 weights only, every field in
+range), and every chunk read is checked finite: a file that would load wrong weights is
+refused in one line naming the file and the tensor.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from yatrain.checkpoint.safetensors_header import TensorEntry, read_header
 from yatrain.common import format_bytes
 from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError
@@ -52,6 +56,10 @@ class HFSource:
             theirs = hf.model_config_from_hf(config)
         except (OSError, ValueError) as error:
             raise ConfigError(f"{self.where}: config.json is unreadable ({error})") from None
+        except RecursionError:
+            raise ConfigError(
+                f"{self.where}: config.json is nested too deeply to be a model's config"
+            ) from None
         except ConfigError as error:
             raise ConfigError(f"{self.where}: {error}") from None
         if (why := hf.unsupported(config)) is not None:
@@ -61,30 +69,46 @@ class HFSource:
             detail = ", ".join(f"model.{k} {_show(cfg, k)} vs {_show(theirs, k)}" for k in differs)
             raise ConfigError(f"{self.where} has another architecture ({detail})")
         self.weight_map = _weight_map(source)
+        files = set(self.weight_map.values())
+        self.headers = {file: read_header(source / file, self.where) for file in files}
         self.bytes_read = 0
-        self.total_bytes = sum((source / f).stat().st_size for f in set(self.weight_map.values()))
+        self.total_bytes = sum((source / file).stat().st_size for file in files)
 
     def fill(self, name: str, rows: Rows, param: torch.Tensor) -> None:
         """Copy rows [r0, r1) (all with None) of our parameter ``name`` into ``param``,
         a chunk of rows at a time, each through its own opening of the file (so no more
         than a chunk of it is mapped at once)."""
         key = hf.hf_name(name)
-        if key not in self.weight_map:
-            raise ConfigError(f"{self.where} has no tensor {key}")
+        entry = self._entry(key)
+        at = f"{self.where}: {self.weight_map[key]}: tensor {key}"
+        if entry.shape != tuple(param.shape):
+            raise ConfigError(f"{at} has shape {entry.shape}, the model needs {tuple(param.shape)}")
         path = str(self.source / self.weight_map[key])
-        with safe_open(path, "pt") as f:
-            shape = tuple(f.get_slice(key).get_shape())
-        if shape != tuple(param.shape):
-            raise ConfigError(
-                f"{self.where}: {key} has shape {shape}, the model needs {tuple(param.shape)}"
-            )
-        first, end = rows if rows is not None else (0, shape[0])
+        first, end = rows if rows is not None else (0, entry.shape[0])
         step = max(1, CHUNK_NUMEL // max(param[0].numel(), 1)) if param.ndim > 1 else end
         for start in range(first, end, step):
             stop = min(start + step, end)
-            wanted = hf.source_rows(name, range(start, stop), shape[0], self.cfg)
-            with safe_open(path, "pt") as f:
-                param[start:stop].copy_(self._rows(f.get_slice(key), wanted))
+            wanted = hf.source_rows(name, range(start, stop), entry.shape[0], self.cfg)
+            try:
+                with safe_open(path, "pt") as f:
+                    chunk = self._rows(f.get_slice(key), wanted)
+            except SafetensorError as error:
+                raise ConfigError(f"{at} cannot be read ({error}): replace the file") from None
+            if not torch.isfinite(chunk).all():
+                raise ConfigError(
+                    f"{at} holds NaN or infinite values (in rows {start}-{stop - 1}): "
+                    "these weights cannot train; replace the file"
+                )
+            param[start:stop].copy_(chunk)
+
+    def _entry(self, key: str) -> TensorEntry:
+        """The header entry of Hugging Face tensor ``key``, from the file the index names."""
+        if key not in self.weight_map:
+            raise ConfigError(f"{self.where} has no tensor {key}")
+        file = self.weight_map[key]
+        if key not in self.headers[file]:
+            raise ConfigError(f"{self.where}: its index puts {key} in {file}, which lacks it")
+        return self.headers[file][key]
 
     def _rows(self, part: RowSlice, wanted: list[int]) -> torch.Tensor:
         """Rows ``wanted`` (in that order) of a tensor, read as few contiguous runs."""
@@ -125,8 +149,7 @@ def _weight_map(source: Path) -> dict[str, str]:
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
         elif single.is_file():
-            with safe_open(str(single), "pt") as f:
-                weight_map = dict.fromkeys(f.keys(), single.name)
+            weight_map = dict.fromkeys(read_header(single, where), single.name)
         else:
             raise ConfigError(
                 f"{where} has no model.safetensors (or model.safetensors.index.json): only "
@@ -141,6 +164,11 @@ def _weight_map(source: Path) -> dict[str, str]:
             raise ConfigError(
                 f"{where}: its index names {file!r}, which is not a file name inside the "
                 "directory (weights are read only from the directory itself): fix the index"
+            )
+        if not file.endswith(".safetensors"):
+            raise ConfigError(
+                f"{where}: its index's weight_map names {file!r}, not a .safetensors file "
+                "(weights are read only from safetensors): fix the index"
             )
         if not (source / file).is_file():
             raise ConfigError(f"{where}: the weight file {file!r} is missing")

@@ -102,6 +102,11 @@ def _checkpoint_reader(source: Path, cfg: ModelConfig, verify: bool) -> Reader:
                 f"needs {tuple(param.shape)}"
             )
         first, end = rows if rows is not None else (0, len(full))
+        if not torch.isfinite(full[first:end]).all():
+            raise ConfigError(
+                f"train.init_from {source}: {name} holds NaN or infinite values: these weights "
+                "cannot train; start from an earlier checkpoint"
+            )
         param[first:end].copy_(full[first:end])
 
     return read

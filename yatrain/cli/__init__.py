@@ -19,13 +19,20 @@ import sys
 from typer import Abort
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer exports no other name
 
-from yatrain.cli import data, train  # registered in the order --help lists them
+from yatrain.runtime.compile_cache import protect_process
+
+# Before any import of torch: inductor creates its cache where the variable points the
+# moment it is imported (runtime/compile_cache.py), and every command imports it.
+protect_process()
 
 # isort: split
-from yatrain.cli import checkpoints
-from yatrain.cli.app import app
-from yatrain.errors import Interrupted, LostPeer, YatrainError
-from yatrain.runtime.launcher_link import die_with_launcher, tell_launcher
+from yatrain.cli import data, train  # noqa: E402  (registered in the order --help lists them)
+
+# isort: split
+from yatrain.cli import checkpoints  # noqa: E402
+from yatrain.cli.app import app  # noqa: E402
+from yatrain.errors import Interrupted, LostPeer, YatrainError  # noqa: E402
+from yatrain.runtime.launcher_link import die_with_launcher, tell_launcher  # noqa: E402
 
 __all__ = ["app", "checkpoints", "data", "main", "train"]
 

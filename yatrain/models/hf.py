@@ -152,7 +152,8 @@ def rope_scaling_from_hf(config: dict) -> RopeScaling | None:
     missing = [key for key in _SCALING_KEYS if scaling.get(key) is None]
     if missing:
         raise ConfigError(f"config.json: rope_type llama3 without {', '.join(missing)}")
-    return build_dataclass(RopeScaling, {key: scaling[key] for key in _SCALING_KEYS})
+    values = {key: scaling[key] for key in _SCALING_KEYS}
+    return build_dataclass(RopeScaling, values, prefix="config.json: ")
 
 
 def unsupported(config: dict) -> str | None:
@@ -185,6 +186,9 @@ def model_config_from_hf(config: dict) -> ModelConfig:
     missing or mistyped field."""
     if not isinstance(config, dict):
         raise ConfigError("config.json is not a JSON object")
+    for key in ("rope_scaling", "rope_parameters"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ConfigError(f"config.json: {key} is {config[key]!r:.60}, not an object")
     for key in _REQUIRED_INTS:
         value = config.get(key)
         if not isinstance(value, int) or isinstance(value, bool):

@@ -14,7 +14,9 @@ not grow with depth; a no-grad evaluation compiles one more graph.
 
 ``CompileWatch`` counts and times every compilation (dynamo's compile callbacks), so the run
 logs "compiled N graphs in X s" once, leaves that time out of the step time, and reports any
-graph compiled after warm-up (a recompile) in its summary.
+graph compiled after warm-up (a recompile) in its summary. While it is open inductor keeps
+its code in the run's compile cache (runtime/compile_cache.py: private, never the run
+directory).
 """
 
 from __future__ import annotations
@@ -31,9 +33,7 @@ import torch._dynamo.callback as dynamo_callback
 from torch import nn
 
 from yatrain.errors import ConfigError
-
-CACHE_DIRNAME = "compile-cache"  # inductor's kernel cache, inside the run directory
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+from yatrain.runtime.compile_cache import CACHE_ENV
 
 
 def compile_layers(
@@ -88,16 +88,15 @@ class CompileWatch:
     evaluation) are expected; any graph after that is a recompile, which costs seconds each
     time it happens and is counted in ``recompiles``."""
 
-    def __init__(self, backend: str, cache_dir: Path | None) -> None:
+    def __init__(self, backend: str, cache_dir: Path) -> None:
         self.backend, self.cache_dir = backend, cache_dir
         self.graphs, self.seconds, self.warm_graphs = 0, 0.0, 0
         self._unreported_s, self._started = 0.0, 0.0
-        # Inductor reads its cache directory from the environment at each use (importing
-        # dynamo already set it to its default under /tmp, which a restart on another node
-        # would not find): the run's own directory while the run lasts.
+        # Inductor reads its cache directory from the environment at each use; importing
+        # dynamo already set the variable (to the command line's private default, or to
+        # torch's under /tmp): the run's cache replaces it while the run lasts.
         self._previous_cache = os.environ.get(CACHE_ENV)
-        if cache_dir is not None:
-            os.environ[CACHE_ENV] = str(cache_dir)
+        os.environ[CACHE_ENV] = str(cache_dir)
         dynamo_callback.callback_handler.register_start_callback(self._start)
         dynamo_callback.callback_handler.register_end_callback(self._end)
 
@@ -128,7 +127,7 @@ class CompileWatch:
         return seconds
 
     def describe(self) -> str:
-        where = f", cache {os.environ.get(CACHE_ENV)}" if self.backend == "inductor" else ""
+        where = f", cache {self.cache_dir}" if self.backend == "inductor" else ""
         return (
             f"compiled {self.graphs} graph{'s' * (self.graphs != 1)} in {self.seconds:.1f}s "
             f"(train.compile, backend {self.backend}{where}); left out of the step time"
@@ -146,7 +145,6 @@ class CompileWatch:
         handler = dynamo_callback.callback_handler
         handler.remove_start_callback(self._start)
         handler.remove_end_callback(self._end)
-        if self.cache_dir is not None:
-            os.environ.pop(CACHE_ENV, None)
-            if self._previous_cache is not None:
-                os.environ[CACHE_ENV] = self._previous_cache
+        os.environ.pop(CACHE_ENV, None)
+        if self._previous_cache is not None:
+            os.environ[CACHE_ENV] = self._previous_cache

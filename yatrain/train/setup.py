@@ -24,6 +24,7 @@ from yatrain.models.float8 import check_float8
 from yatrain.output.tensorboard_logger import require_tensorboard
 from yatrain.plan import check_fit
 from yatrain.recipe_checks import check_vocab
+from yatrain.runtime.compile_cache import cache_for_run
 from yatrain.runtime.hang import HangReporter, StackFile
 from yatrain.runtime.process import Runtime, nccl_flight_recorder
 from yatrain.runtime.watchdog import Watchdog
@@ -31,7 +32,7 @@ from yatrain.sharding import ShardedEngine
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.build import build_model_and_engine, checkpoint_layers
 from yatrain.train.checkpointer import Checkpointer
-from yatrain.train.compile import CACHE_DIRNAME, CompileWatch, check_backend
+from yatrain.train.compile import CompileWatch, check_backend
 from yatrain.train.context import ContextParallel, data_rank
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
@@ -187,12 +188,12 @@ def abandon(
 
 def compile_watch(recipe: Recipe, run_dir: Path) -> CompileWatch | None:
     """With ``train.compile`` (the layers are compiled by ``build_model_and_engine``): its
-    compilations counted and timed, inductor's cache in the run directory, where a restart
-    finds it."""
+    compilations counted and timed, inductor's code in ``train.compile_cache`` or the
+    private per-user cache, never in the run directory (runtime/compile_cache.py)."""
     if not recipe.train.compile:
         return None
-    backend = recipe.train.compile_backend
-    return CompileWatch(backend, run_dir / CACHE_DIRNAME if backend == "inductor" else None)
+    cache = cache_for_run(recipe.train.compile_cache, run_dir)
+    return CompileWatch(recipe.train.compile_backend, cache)
 
 
 def attach_hang_report(
