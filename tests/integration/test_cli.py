@@ -164,10 +164,10 @@ def test_plan_command_through_the_cli(isolated_env):
     result = yatrain(*args, "--set", "data.micro_batch_size=2", env=isolated_env)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
-    # 2 x 8192 tokens per GPU: 14 layers would need 82.46 GiB of the assumed 80 GiB; 15 need
-    # 79.52 GiB.
-    assert payload["fits"] and payload["activation_checkpoint_layers"] == 15
-    assert payload["peak_bytes_per_gpu"] == pytest.approx(79.52 * 2**30, rel=1e-3)
+    # 2 x 8192 tokens per GPU: 15 layers would need 80.25 GiB of the assumed 80 GiB; 16 need
+    # 77.31 GiB (the reduce-scatter staging takes 1% of the GPU: 0.8 GiB).
+    assert payload["fits"] and payload["activation_checkpoint_layers"] == 16
+    assert payload["peak_bytes_per_gpu"] == pytest.approx(77.31 * 2**30, rel=1e-3)
 
 
 def test_auto_checkpoint_layers_is_resolved_and_logged(small_data, isolated_env, tmp_path):
