@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from yatrain.checkpoint.manifest import SavedCheckpoint, open_checkpoint
@@ -123,7 +125,10 @@ def _write_safetensors(
 
     def flush() -> None:
         path = folder / f"part-{len(parts) + 1:05d}.safetensors"
-        save_file(current, str(path), metadata={"format": "pt"})
+        try:
+            save_file(current, str(path), metadata={"format": "pt"})
+        except SafetensorError as error:  # a full disk is an I/O error inside its text
+            raise _os_error(error, path) from None
         parts.append((path, list(current)))
 
     for name, tensor in iter_full_weights(saved):
@@ -145,6 +150,15 @@ def _write_safetensors(
         path.rename(folder / final)
         weight_map.update(dict.fromkeys(keys, final))
     return weight_map, total
+
+
+def _os_error(error: SafetensorError, path: Path) -> Exception:
+    """The OSError safetensors reports as text (``... (os error 28)``), or ``error``."""
+    code = re.search(r"\bos error (\d+)", str(error))
+    if code is None:
+        return error
+    number = int(code.group(1))
+    return OSError(number, os.strerror(number), str(path))
 
 
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
