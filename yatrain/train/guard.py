@@ -14,16 +14,21 @@ finite but huge weights is told apart by the element-wise check, run only then.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 
 import torch
 import torch.distributed as dist
+
+_CTRL_C = "SIGINT (Ctrl-C)"
 
 
 class StepGuard:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.signal_name: str | None = None
+        self.run_dir_deleted_here = False  # set by rank 0, which holds the run dir's lock
+        self.run_dir_deleted = False  # on any rank, agreed by the check
         self._previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             # Outside the main thread (embedded use) no handler can be installed: skip.
@@ -31,21 +36,36 @@ class StepGuard:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None and signum == signal.SIGINT:
+        """Note the first signal (Ctrl-C reaches a launched rank as SIGINT, then as the
+        launcher's SIGTERM: the first is what the user did) and say at once what happens
+        next, so a rank killed before it stops (a launcher's short grace period during a
+        save) has still said why."""
+        if self.signal_name == _CTRL_C and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        self.signal_name = signal.Signals(signum).name
+        if self.signal_name is not None:
+            return
+        self.signal_name = _CTRL_C if signum == signal.SIGINT else signal.Signals(signum).name
+        if os.environ.get("RANK", "0") == "0":
+            os.write(  # the one print that is safe wherever the signal interrupted
+                2,
+                f"\nyatrain: {self.signal_name}: stopping after this step and its checkpoint "
+                "(a second Ctrl-C stops at once, without one)\n".encode(),
+            )
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[bool, bool]:
-        """(stop requested on any rank, non-finite on any rank), agreed by all ranks."""
+        """(stop requested on any rank, non-finite on any rank), agreed by all ranks. A
+        run directory deleted under the run stops it too (``run_dir_deleted``)."""
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-        flags = torch.stack([torch.tensor(self.signal_name is not None, device=self.device), bad])
+        local = [self.signal_name is not None, self.run_dir_deleted_here]
+        flags = torch.cat([torch.tensor(local, device=self.device), bad.reshape(1)])
         flags = flags.to(torch.float32)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, nonfinite = flags.tolist()
+        stop, deleted, nonfinite = flags.tolist()
         if stop and self.signal_name is None:
             self.signal_name = "a signal on another rank"
-        return bool(stop), bool(nonfinite)
+        self.run_dir_deleted = bool(deleted)
+        return bool(stop or deleted), bool(nonfinite)
 
     def weights_finite(self, tensors: list[torch.Tensor]) -> bool:
         """Whether every element of ``tensors`` (this rank's shards) is finite on every

@@ -121,6 +121,20 @@ class RunDirLock:
                 self.release(started=False)
                 raise
 
+    def deleted(self) -> bool:
+        """Whether the run directory was deleted or moved while the run held it: its lock
+        file is no longer the one this run holds."""
+        if self.fd is None:
+            return False
+        try:
+            there = os.stat(self.run_dir / LOCK_FILE)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # a file system hiccup is not a deletion
+        held = os.fstat(self.fd)
+        return (there.st_ino, there.st_dev) != (held.st_ino, held.st_dev)
+
     def release(self, started: bool = True) -> None:
         """Let the next run in (also done by the kernel when this process exits). A run
         that did not start (``started=False``) removes its lock file, and the run directory
