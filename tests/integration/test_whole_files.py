@@ -12,6 +12,7 @@ from conftest import FAST, ROOT
 from faults import FullDisk
 from torch.distributed.checkpoint.api import CheckpointException
 
+from yatrain.checkpoint.manifest import CheckpointError
 from yatrain.checkpoint.store import PendingSave, save_failure
 from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
@@ -157,3 +158,18 @@ def test_disk_full_inside_torch_save_is_named_with_what_it_needs(tmp_path):
     line = save_failure(save, error)
     assert f"no space left on device at {tmp_path} (needs about 3.00 GiB)" in line
     assert "enforce fail" not in line and "\n" not in line
+
+
+def test_a_checkpoint_save_onto_a_full_disk_says_so(small_data, tmp_path, monkeypatch):
+    """The disk fills up under torch's zip writer (which then reports a position mismatch):
+    the line names the full disk, where, and what a checkpoint needs; nothing is kept."""
+    run_dir = tmp_path / "run"
+    FullDisk(monkeypatch, run_dir / "checkpoints", room=200_000)
+    overrides = [*FAST, f"data.path={small_data}", "checkpoint.every=2"]
+    with pytest.raises(CheckpointError) as failed:
+        pretrain(load_recipe(ROOT / "recipes/tiny.yaml", overrides), run_dir=run_dir, steps=2,
+                 progress=False)  # fmt: skip
+    line = str(failed.value)
+    assert f"no space left on device at {run_dir / 'checkpoints'} (needs about" in line, line
+    assert "unexpected pos" not in line and "\n" not in line
+    assert list((run_dir / "checkpoints").iterdir()) == []

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
+from yatrain.files import write_whole
 
 LOCK_FILE = ".yatrain.lock"
 OWNER_FILE = ".yatrain-owner"  # in a checkpoint.dir outside its run: the run that owns it
@@ -219,5 +220,5 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
             f"{folder}/step-N)"
         )
     if owner is None:
-        owner_file.write_text(json.dumps({"run_dir": me}) + "\n")
+        write_whole(owner_file, json.dumps({"run_dir": me}) + "\n")
     return fd
