@@ -28,6 +28,11 @@ def replacing(path: Path) -> Iterator[Path]:
         with tmp.open("rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        if error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from None  # the file meant
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

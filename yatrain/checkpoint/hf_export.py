@@ -12,6 +12,7 @@ export is removed by the next export to the same place.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -77,6 +78,11 @@ def export_hf(
         if output.exists():
             output.rmdir()
         os.replace(tmp, output)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise OSError(error.errno, error.strerror, str(output)) from None  # not our temporary
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -24,8 +24,9 @@ _CTRL_C = "SIGINT (Ctrl-C)"
 
 
 class StepGuard:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, saves: bool = True) -> None:
         self.device = device
+        self.then = "this step and its checkpoint" if saves else "this step (no checkpoint)"
         self.signal_name: str | None = None
         self.run_dir_deleted_here = False  # set by rank 0, which holds the run dir's lock
         self.run_dir_deleted = False  # on any rank, agreed by the check
@@ -40,16 +41,16 @@ class StepGuard:
         launcher's SIGTERM: the first is what the user did) and say at once what happens
         next, so a rank killed before it stops (a launcher's short grace period during a
         save) has still said why."""
-        if self.signal_name == _CTRL_C and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a Ctrl-C after a signal: stop now, without a checkpoint
         if self.signal_name is not None:
             return
         self.signal_name = _CTRL_C if signum == signal.SIGINT else signal.Signals(signum).name
         if os.environ.get("RANK", "0") == "0":
             os.write(  # the one print that is safe wherever the signal interrupted
                 2,
-                f"\nyatrain: {self.signal_name}: stopping after this step and its checkpoint "
-                "(a second Ctrl-C stops at once, without one)\n".encode(),
+                f"\nyatrain: {self.signal_name}: stopping after {self.then} (a second Ctrl-C "
+                "stops at once)\n".encode(),
             )
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[bool, bool]:

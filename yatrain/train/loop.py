@@ -103,7 +103,7 @@ def train(run: Run) -> dict:
     if run.start_step >= total:
         run.loggers.say(f"nothing to do: the run is already at step {run.start_step} of {total}")
         return {"run_dir": str(run.run_dir), "steps": run.start_step}
-    guard = StepGuard(run.runtime.device)
+    guard = StepGuard(run.runtime.device, saves=run.recipe.checkpoint.enabled)
     run.loggers.start_progress(total, run.start_step)
     run.meter.start(first_step=run.start_step + 1)
     evaluated, failing = False, False
