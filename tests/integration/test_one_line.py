@@ -66,6 +66,15 @@ def test_report_on_a_line_that_is_no_record_is_one_line(logged_run, tmp_path, na
     assert not (run_dir / "report").exists()
 
 
+def test_report_on_a_last_line_that_is_whole_but_no_record(logged_run, tmp_path):  # noqa: F811
+    """A last line with its newline is not one being written: it is named too."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(logged_run[0], run_dir)
+    with (run_dir / "metrics.jsonl").open("ab") as f:
+        f.write(b"[1, 2, 3]\n")
+    one_line(["report", str(run_dir)], "line 5 is not a metrics record", "a JSON list")
+
+
 def test_report_of_a_run_named_like_math_text(logged_run, tmp_path):  # noqa: F811
     run_dir = tmp_path / "lr$^^$"
     shutil.copytree(logged_run[0], run_dir)

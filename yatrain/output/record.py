@@ -182,14 +182,17 @@ def parse_record(line: bytes | str) -> MetricsRecord:
 
 def read_metrics(path: Path) -> list[MetricsRecord]:
     """Every record of a ``metrics.jsonl`` file, in order; a line that is not a record is
-    one ConfigError naming it (a torn last line, still being written, is left out)."""
-    lines = [line for line in Path(path).read_bytes().split(b"\n") if line.strip()]
+    one ConfigError naming it (a last line with no newline yet, being written, is left out)."""
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")
     records = []
     for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             records.append(parse_record(line))
         except ValueError as reason:
-            if number == len(lines) and not line.rstrip().endswith(b"}"):
+            if number == len(lines) and not data.endswith(b"\n"):
                 break  # being written right now
             raise ConfigError(
                 f"{path} line {number} is not a metrics record: {reason}; the file is "
