@@ -103,7 +103,7 @@ def train(run: Run) -> dict:
     if run.start_step >= total:
         run.loggers.say(f"nothing to do: the run is already at step {run.start_step} of {total}")
         return {"run_dir": str(run.run_dir), "steps": run.start_step}
-    guard = StepGuard(run.runtime.device, saves=run.recipe.checkpoint.enabled)
+    guard = StepGuard(run.runtime.device)
     run.loggers.start_progress(total, run.start_step)
     run.meter.start(first_step=run.start_step + 1)
     evaluated, failing = False, False
@@ -127,7 +127,8 @@ def train(run: Run) -> dict:
                 log(run, step_number, outcome, lr, evaluation)
             if run.checkpointer.due(step_number, outcome.stop):
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
-                save(run, step_number, final=outcome.stop or step_number == total)
+                with guard.during_save(step_number):
+                    save(run, step_number, final=outcome.stop or step_number == total)
             elif (written := run.checkpointer.written()) is not None:
                 run.loggers.say(f"saved {written} (written in the background)")
             if outcome.stop:
