@@ -53,3 +53,66 @@ def inject(env: dict, folder: Path, code: str) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(textwrap.dedent(code))
     return {**env, "PYTHONPATH": f"{folder}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+
+
+class FullDisk:
+    """A disk that holds ``room`` more bytes under ``folder``, in this process: writes
+    through ``open`` (Python's files, matplotlib's, ``Path.write_*``) and ``os.write``
+    store what fits, then fail with ENOSPC, as a real full disk does mid-file."""
+
+    def __init__(self, monkeypatch, folder: Path, room: int) -> None:
+        import builtins
+        import io
+
+        self.folder, self.room = Path(folder).resolve(), room
+        real_open, real_write = builtins.open, os.write
+        disk = self
+
+        class Filling:
+            def __init__(self, file) -> None:
+                self._file = file
+
+            def write(self, data):
+                return disk.take(data, self._file.write)
+
+            def __getattr__(self, name):
+                return getattr(self._file, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self._file.close()
+
+            def __iter__(self):
+                return iter(self._file)
+
+        def fake_open(file, mode="r", *args, **kwargs):
+            opened = real_open(file, mode, *args, **kwargs)
+            writing = any(m in mode for m in "wax+") and disk.watches(file)
+            return Filling(opened) if writing else opened
+
+        def fake_write(fd, data):
+            if disk.watches(os.readlink(f"/proc/self/fd/{fd}")):
+                return disk.take(data, lambda part: real_write(fd, part))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(builtins, "open", fake_open)
+        monkeypatch.setattr(io, "open", fake_open)
+        monkeypatch.setattr(os, "write", fake_write)
+
+    def watches(self, file) -> bool:
+        return isinstance(file, str | Path) and Path(file).resolve().is_relative_to(self.folder)
+
+    def take(self, data, write):
+        """Store what fits of ``data`` through ``write``, then raise ENOSPC."""
+        import errno
+
+        size = len(data.encode() if isinstance(data, str) else memoryview(data).cast("B"))
+        if size <= self.room:
+            self.room -= size
+            return write(data)
+        fits, self.room = self.room, 0
+        if fits:
+            write(data[:fits])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

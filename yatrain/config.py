@@ -45,12 +45,12 @@ class ModelConfig:
 
     # Upper bounds: shapes no device holds fail here, not in the allocator (the largest
     # Llama, 405B, has dim 16384, 126 layers, ffn 53248, vocab 128256).
-    dim: int = _limit(ge=1, le=2**17)
-    n_layers: int = _limit(ge=1, le=2**11)
-    n_heads: int = _limit(ge=1, le=2**12)
-    n_kv_heads: int = _limit(ge=1, le=2**12)  # < n_heads means grouped-query attention
-    ffn_dim: int = _limit(ge=1, le=2**20)
-    vocab_size: int = _limit(ge=1, le=2**24)
+    dim: int = _limit(ge=1, cap=2**17)
+    n_layers: int = _limit(ge=1, cap=2**11)
+    n_heads: int = _limit(ge=1, cap=2**12)
+    n_kv_heads: int = _limit(ge=1, cap=2**12)  # < n_heads means grouped-query attention
+    ffn_dim: int = _limit(ge=1, cap=2**20)
+    vocab_size: int = _limit(ge=1, cap=2**24)
     rope_theta: float = _limit(10000.0, gt=0)
     norm_eps: float = _limit(1e-5, gt=0)
     max_seq_len: int = _limit(ge=1)

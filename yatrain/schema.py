@@ -26,12 +26,14 @@ def limit(
     gt: float | None = None,
     lt: float | None = None,
     le: float | None = None,
+    cap: int | None = None,
     key: str | None = None,
 ) -> Any:
     """A dataclass field with range bounds that validation enforces (ge: >=, gt: >, lt: <,
-    le: <=). Upper bounds keep absurd values (a million layers) out of the allocator.
-    ``key``: the field's YAML key when it is not the field's name (``async``)."""
-    meta = {"ge": ge, "gt": gt, "lt": lt, "le": le, **({"key": key} if key else {})}
+    le: <=). ``cap``: an upper bound of size (<=) that keeps absurd values (a million
+    layers) out of the allocator. ``key``: the field's YAML key when it is not the
+    field's name (``async``)."""
+    meta = {"ge": ge, "gt": gt, "lt": lt, "le": le, "cap": cap, **({"key": key} if key else {})}
     return field(default=default, metadata=meta)
 
 
@@ -168,7 +170,11 @@ def _check_range(key: str, v: Any, meta: Any) -> None:
     if lt is not None and v >= lt:
         raise ConfigError(f"'{key}' must be less than {lt}, got {v}; use a value below {lt}")
     if le is not None and v > le:
+        low = f"above {gt} and " if gt is not None else f"at least {ge} and " if ge else ""
+        raise ConfigError(f"'{key}' must be {low}at most {le}, got {v}; use a value in that range")
+    cap = meta.get("cap")
+    if cap is not None and v > cap:
         raise ConfigError(
-            f"'{key}' must be at most {le:,}, got {v:,}: far beyond any model that fits on "
+            f"'{key}' must be at most {cap:,}, got {v:,}: far beyond any model that fits on "
             "today's hardware; check the value"
         )

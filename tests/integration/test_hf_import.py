@@ -82,30 +82,43 @@ def test_tied_embeddings_stay_tied(cfg, tmp_path):
         init_from_source(tmp_path / "tied", cfg.model, build_model(cfg.model))
 
 
+# Meta's spelling: rope_scaling and a top-level rope_theta, no rope_parameters (which
+# transformers writes, and which must not contradict rope_scaling)
+META_SPELLING = {"rope_parameters": None, "rope_theta": 500000.0}
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
         (
             {
+                **META_SPELLING,
                 "rope_scaling": {
                     "rope_type": "llama3",
                     "factor": 8.0,
                     "low_freq_factor": 1.0,
                     "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 8192,
-                }
+                },
             },
             'model.rope_scaling null vs {"factor": 8.0',
         ),
         (
-            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            {**META_SPELLING, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
             "rope_type llama3 without low_freq_factor, high_freq_factor, original_max_position",
         ),
         (
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}},
             "rotary scaling rope_type 'yarn' (yatrain reads only llama3",
         ),
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
+        (
+            {**META_SPELLING, "rope_scaling": {"type": "linear", "factor": 2.0}},
+            "rope_type 'linear'",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "default"}, "rope_parameters": {"rope_type": "linear"}},
+            "rope_scaling (default) and rope_parameters (linear) contradict each other",
+        ),
         ({"attention_bias": True}, "bias terms"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"rope_theta": 10000.0, "rope_parameters": None}, "model.rope_theta 500000.0 vs 10000.0"),

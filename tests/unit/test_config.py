@@ -283,6 +283,13 @@ def test_out_of_range(key, value):
     assert f"'{key}'" in error(set_key(tiny(), key, value))
 
 
+def test_a_share_above_one_is_refused_with_its_range_not_as_a_model_size():
+    message = error(set_key(tiny(), "optim.decay_fraction", 1.5))
+    assert "'optim.decay_fraction' must be above 0 and at most 1, got 1.5" in message
+    assert "hardware" not in message
+    assert "far beyond any model" in error(set_key(tiny(), "model.n_layers", 10**6))
+
+
 @pytest.mark.parametrize(
     ("changes", "key"),
     [

@@ -57,13 +57,18 @@ class HashingStream(io.RawIOBase):
         self.raw = raw
         self.digest = xxhash.xxh3_64()
         self.size = 0
+        self.failure: OSError | None = None  # the first write the disk refused
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: ReadableBuffer) -> int:
         view = memoryview(data).cast("B")
-        written = self.raw.write(view)
+        try:
+            written = self.raw.write(view)
+        except OSError as error:  # kept: a writer above may report it as something else
+            self.failure = OSError(error.errno, error.strerror, getattr(self.raw, "name", None))
+            raise
         self.digest.update(view)
         self.size += len(view)
         return written if written is not None else len(view)

@@ -56,8 +56,13 @@ class HashingFileSystem(FileSystem):
         stream = HashingStream(path.open(mode))
         try:
             yield stream
-        finally:
-            stream.close()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                stream.close()
+            if stream.failure is not None:  # torch's zip writer reports it as "unexpected pos"
+                raise stream.failure from None
+            raise
+        stream.close()
         with self._lock:
             self.records[path.name] = stream.record()
 

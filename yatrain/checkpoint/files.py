@@ -7,6 +7,8 @@ import os
 import zlib
 from pathlib import Path
 
+from yatrain.files import write_whole
+
 
 def crc32(path: Path) -> int:
     """CRC32 of a file, read in chunks."""
@@ -18,13 +20,8 @@ def crc32(path: Path) -> int:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """Write ``path`` through a synced temporary file and an atomic rename."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``path`` whole or not at all (``yatrain.files``)."""
+    write_whole(path, json.dumps(data, indent=1))
 
 
 def fsync_dir(path: Path) -> None:

@@ -12,14 +12,17 @@ export is removed by the next export to the same place.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from yatrain.checkpoint.manifest import SavedCheckpoint, open_checkpoint
@@ -75,6 +78,11 @@ def export_hf(
         if output.exists():
             output.rmdir()
         os.replace(tmp, output)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise OSError(error.errno, error.strerror, str(output)) from None  # not our temporary
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -123,7 +131,10 @@ def _write_safetensors(
 
     def flush() -> None:
         path = folder / f"part-{len(parts) + 1:05d}.safetensors"
-        save_file(current, str(path), metadata={"format": "pt"})
+        try:
+            save_file(current, str(path), metadata={"format": "pt"})
+        except SafetensorError as error:  # a full disk is an I/O error inside its text
+            raise _os_error(error, path) from None
         parts.append((path, list(current)))
 
     for name, tensor in iter_full_weights(saved):
@@ -145,6 +156,15 @@ def _write_safetensors(
         path.rename(folder / final)
         weight_map.update(dict.fromkeys(keys, final))
     return weight_map, total
+
+
+def _os_error(error: SafetensorError, path: Path) -> Exception:
+    """The OSError safetensors reports as text (``... (os error 28)``), or ``error``."""
+    code = re.search(r"\bos error (\d+)", str(error))
+    if code is None:
+        return error
+    number = int(code.group(1))
+    return OSError(number, os.strerror(number), str(path))
 
 
 def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:

@@ -48,6 +48,7 @@ from yatrain.checkpoint.manifest import (
     read_manifest,
 )
 from yatrain.checkpoint.optimizer_state import share_step_count
+from yatrain.common import format_bytes
 from yatrain.data import Tokenizer, load_tokenizer
 from yatrain.runtime.process import Runtime
 from yatrain.sharding import ShardedEngine, StateEntry
@@ -145,14 +146,14 @@ def complete_save(
     if isinstance(records, BaseException):  # DCP fails on every rank together
         if save.is_main:
             shutil.rmtree(save.tmp, ignore_errors=True)
-        raise CheckpointError(save_failure(save.final, records))
+        raise CheckpointError(save_failure(save, records))
     files = _gather_records(records, group)
     if save.is_main:
         try:
             _complete(save, files)
         except OSError as error:
             shutil.rmtree(save.tmp, ignore_errors=True)
-            problem = save_failure(save.final, error)
+            problem = save_failure(save, error)
     problem = _from_main(problem, group)
     if problem is not None:
         raise CheckpointError(problem)
@@ -172,17 +173,40 @@ def _complete(save: PendingSave, files: dict) -> None:
     prune(save.root, save.keep, save.final)
 
 
-def save_failure(final: Path, error: BaseException) -> str:
-    """The line a failed save ends the run with."""
-    detail = failure_message(error)
-    cause = error.failures if isinstance(error, CheckpointException) else {0: (error,)}
-    codes = {getattr(failure[0], "errno", None) for failure in cause.values()}
-    fix = (
-        "free space there (or lower checkpoint.keep), then resume with --resume auto"
-        if codes & {errno.ENOSPC, errno.EDQUOT}
-        else "fix the file system, then resume with --resume auto"
+def save_failure(save: PendingSave, error: BaseException) -> str:
+    """The line a failed save ends the run with. A full disk is named as one, with what the
+    checkpoint needs, even where torch reports it as a zip writer's position mismatch (the
+    disk's error is then only the exception's context)."""
+    disk = _os_error(error)
+    if disk is not None and disk.errno in (errno.ENOSPC, errno.EDQUOT):
+        need = 12 * sum(save.manifest["unit_numels"])  # fp32 masters and AdamW's two moments
+        return (
+            f"could not save checkpoint {save.final}: no space left on device at {save.root} "
+            f"(needs about {format_bytes(need)}); nothing was kept of it: free space there "
+            "(or lower checkpoint.keep), then resume with --resume auto"
+        )
+    return (
+        f"could not save checkpoint {save.final}: {failure_message(error)}; nothing was kept "
+        "of it: fix the file system, then resume with --resume auto"
     )
-    return f"could not save checkpoint {final}: {detail}; nothing was kept of it: {fix}"
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The first OSError in ``error``, its rank failures (DCP) or what it was raised during."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        if isinstance(current, CheckpointException):
+            for _, failure in sorted(current.failures.items()):
+                pending.append(failure[0] if isinstance(failure, tuple) else failure)
+        pending += [current.__cause__, current.__context__]
+    return None
 
 
 def _gather_records(records: dict[str, dict], group: dist.ProcessGroup | None) -> dict[str, dict]:

@@ -108,7 +108,9 @@ def generate(
         "--top-p",
         help="Sample from the likeliest tokens whose probabilities add up to p (nucleus).",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
+    seed: int = typer.Option(
+        0, "--seed", min=0, max=2**64 - 1, help="Seed of the sampling generator (0 to 2^64-1)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """Continue a prompt with a checkpoint (one process: the CPU or one GPU, KV cache)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from yatrain.sweep import run_sweep
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.loop import pretrain as run_pretrain
 from yatrain.train.setup import Checks
+
+MAX_GPUS = 2**20  # a plan for more GPUs than any job has ever had is a typo
+MAX_GIB = 2**20  # GiB per GPU (a PiB): a larger memory is a typo
 
 # The launcher's options (torchrun's, and two of its own): see runtime/launch.py.
 NPROC_PER_NODE = typer.Option(
@@ -129,14 +133,21 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
 )
 def plan(
     recipe: Path = typer.Argument(..., help="Recipe YAML, e.g. recipes/llama3_8b.yaml."),
-    gpus: int = typer.Option(..., "--gpus", min=1, help="Number of GPUs (data-parallel ranks)."),
+    gpus: int = typer.Option(
+        ..., "--gpus", min=1, max=MAX_GPUS, help="Number of GPUs (data-parallel ranks)."
+    ),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", min=0.001, help="GiB per GPU (default: this GPU's, else 80)."
+        None,
+        "--gpu-memory",
+        min=0.001,
+        max=MAX_GIB,
+        help="GiB per GPU (default: this GPU's, else 80).",
     ),
     runtime_allowance: float | None = typer.Option(
         None,
         "--runtime-allowance",
         min=0.0,
+        max=MAX_GIB,
         help="GiB kept for CUDA context, NCCL and fragmentation (default: 2 + 5% of memory).",
     ),
     overrides: list[str] = typer.Option(
@@ -151,6 +162,9 @@ def plan(
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding)."""
+    for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{flag} {value}: give a number of GiB")
     if shard_group_size is not None:
         if not shard_group_size.isdigit() and shard_group_size != "auto":
             raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")

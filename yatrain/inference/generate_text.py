@@ -65,6 +65,12 @@ def generate_text(
     the new token ids, the new text and why it stopped. CPU runs in fp32; a GPU in the
     run's training dtype."""
     check_sampling(max_new_tokens, sampling)
+    if not 0 <= seed < 2**64:
+        raise ConfigError(f"--seed {seed}: give a whole number from 0 to 2^64-1")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("--prompt is not valid UTF-8 text: pass the prompt in UTF-8") from None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("yatrain generate runs in one process: run it without torchrun")
     saved = open_checkpoint(Path(path))

@@ -128,11 +128,31 @@ def tied_embeddings(config: dict) -> bool:
 
 
 def _rope(config: dict) -> tuple[str, dict]:
-    """(rope type, its parameters) from ``rope_scaling`` or ``rope_parameters``."""
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    """(rope type, its parameters) from ``rope_scaling`` or ``rope_parameters``; a file
+    whose two spellings say different things is refused (which one would be meant?)."""
+    spelled = [config.get(key) for key in ("rope_scaling", "rope_parameters")]
+    described = [(_rope_kind(s), s) for s in spelled if s]
+    if len(described) == 2 and _rope_differs(*described):
+        (kind, first), (other, second) = described
+        raise ConfigError(
+            f"config.json: rope_scaling ({kind}) and rope_parameters ({other}) contradict each "
+            "other: make them the same, or remove one"
+        )
+    return described[0] if described else ("default", {})
+
+
+def _rope_kind(scaling: object) -> str:
     if not isinstance(scaling, dict):
-        return repr(scaling), {}
-    return str(scaling.get("rope_type") or scaling.get("type") or "default"), scaling
+        return repr(scaling)
+    return str(scaling.get("rope_type") or scaling.get("type") or "default")
+
+
+def _rope_differs(a: tuple[str, object], b: tuple[str, object]) -> bool:
+    """Whether two descriptions of RoPE disagree on the type or a scaling value."""
+    if a[0] != b[0]:
+        return True
+    first, second = (s if isinstance(s, dict) else {} for s in (a[1], b[1]))
+    return any(first.get(k) != second.get(k) for k in _SCALING_KEYS if k in first and k in second)
 
 
 _SCALING_KEYS = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from yatrain.common import GIB
+from yatrain.files import replacing
 from yatrain.output.console import BREAKDOWN
 from yatrain.output.record import MetricsRecord
 
@@ -35,6 +36,7 @@ def draw_charts(runs: Runs, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs = {_plain(label): records for label, records in runs.items()}
     paths = []
     for stem, title, ylabel, value in LINES:
         fig, ax = plt.subplots(figsize=(7.2, 4.0), dpi=100)
@@ -90,8 +92,17 @@ def _finish(ax, title: str, ylabel: str) -> None:
         ax.legend(fontsize=7)
 
 
+def _plain(label: str) -> str:
+    """A run's name shown as typed: ``$`` would start matplotlib's math text."""
+    return label.replace("$", r"\$")
+
+
 def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    """The figure as ``path``, written whole or not at all."""
+    try:
+        fig.tight_layout()
+        with replacing(path) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
     return path

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import base64
 import html
-import json
+import shutil
 from pathlib import Path
 
 from yatrain.errors import ConfigError
+from yatrain.files import make_directory, write_whole
 from yatrain.output.charts import Runs, draw_charts
 from yatrain.output.console import BREAKDOWN, format_summary, run_summary
-from yatrain.output.record import MetricsRecord
+from yatrain.output.record import MetricsRecord, read_metrics
 from yatrain.runtime.hang import hang_dir
 
 
@@ -30,39 +31,35 @@ def read_run(run_dir: Path) -> list[MetricsRecord]:
             f"{run_dir} has no metrics.jsonl: pass a run directory that a "
             "`yatrain pretrain` has logged at least one step into"
         )
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for index, line in enumerate(lines):
-        try:
-            records.append(MetricsRecord.from_json(json.loads(line)))
-        except json.JSONDecodeError:
-            if index == len(lines) - 1:
-                break  # being written right now
-            raise ConfigError(f"{path} line {index + 1} is not JSON: the file is damaged") from None
+    records = read_metrics(path)
     if not records:
         raise ConfigError(f"{path} holds no record yet: wait for the run's first logged step")
     return records
 
 
 def write_report(run_dirs: list[Path], out_dir: Path) -> Path:
-    """The PNGs and ``report.html`` in ``out_dir``; returns the HTML file's path."""
+    """The PNGs and ``report.html`` in ``out_dir``, each written whole; returns the HTML
+    file's path. A report that fails leaves no directory it created."""
     labels = _labels(run_dirs)
     runs: Runs = {label: read_run(d) for label, d in zip(labels, run_dirs, strict=True)}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    images = draw_charts(runs, out_dir)
-    sections = [
-        _run_section(label, d, runs[label]) for label, d in zip(labels, run_dirs, strict=True)
-    ]
-    figures = "\n".join(
-        f'<figure><img alt="{p.stem}" src="data:image/png;base64,'
-        f'{base64.b64encode(p.read_bytes()).decode()}"></figure>'
-        for p in images
-    )
-    title = "yatrain report: " + ", ".join(labels)
-    page = _PAGE.format(title=html.escape(title), figures=figures, sections="\n".join(sections))
-    path = out_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    created = make_directory(out_dir, "--output")
+    try:
+        images = draw_charts(runs, out_dir)
+        sections = [
+            _run_section(label, d, runs[label]) for label, d in zip(labels, run_dirs, strict=True)
+        ]
+        figures = "\n".join(
+            f'<figure><img alt="{p.stem}" src="data:image/png;base64,'
+            f'{base64.b64encode(p.read_bytes()).decode()}"></figure>'
+            for p in images
+        )
+        title = "yatrain report: " + ", ".join(labels)
+        page = _PAGE.format(title=html.escape(title), figures=figures, sections="\n".join(sections))
+        return write_whole(out_dir / "report.html", page)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def _labels(run_dirs: list[Path]) -> list[str]:
@@ -95,7 +92,9 @@ def _run_section(label: str, run_dir: Path, records: list[MetricsRecord]) -> str
         )
     hang = hang_dir(run_dir) / "report.txt"
     stuck = (
-        f"<h3>Hang report</h3><pre>{html.escape(hang.read_text())}</pre>" if hang.is_file() else ""
+        f"<h3>Hang report</h3><pre>{html.escape(hang.read_text(errors='replace'))}</pre>"
+        if hang.is_file()
+        else ""
     )
     return (
         f"<section><h2>{html.escape(label)}</h2><p>{html.escape(str(run_dir))}, "

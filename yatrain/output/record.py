@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from yatrain.common import dumps_json
+from yatrain.errors import ConfigError
+from yatrain.files import RecordFile
 
 _VAL_SOURCE = "val_loss/"  # prefix of a mixture source's held-out loss in the JSON record
+_NOT_NUMBERS = ("step", "val_sources")  # checked on their own
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,59 @@ class MetricsRecord:
 
 
 _FLOAT_FIELDS = [f.name for f in dataclasses.fields(MetricsRecord) if f.type == "float"]
+_NUMBER_FIELDS = [f.name for f in dataclasses.fields(MetricsRecord) if f.name not in _NOT_NUMBERS]
+
+
+def parse_record(line: bytes | str) -> MetricsRecord:
+    """One line of ``metrics.jsonl`` as a record; ValueError (saying why) for anything that
+    is not one: bytes that are not UTF-8, not JSON, not an object, a ``step`` that is not
+    a whole number, a field that is not a finite number, a step time that is not positive."""
+    try:
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        data = json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError("it is not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"it is not JSON ({error.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"it is a JSON {type(data).__name__}, not an object")
+    step = data.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"its step {step!r} is not a whole number")
+    for name in [*_NUMBER_FIELDS, *(k for k in data if k.startswith(_VAL_SOURCE))]:
+        value = data.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"its {name} {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ValueError(f"its {name} {value!r} is not finite")
+    if data.get("step_time_s", 1) is not None and not data.get("step_time_s", 1) > 0:
+        raise ValueError(f"its step_time_s {data['step_time_s']!r} is not positive")
+    return MetricsRecord.from_json(data)
 
 
 def read_metrics(path: Path) -> list[MetricsRecord]:
-    """Every record of a ``metrics.jsonl`` file, in order."""
-    lines = Path(path).read_text().splitlines()
-    return [MetricsRecord.from_json(json.loads(line)) for line in lines if line.strip()]
+    """Every record of a ``metrics.jsonl`` file, in order; a line that is not a record is
+    one ConfigError naming it (a last line with no newline yet, being written, is left out)."""
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_record(line))
+        except ValueError as reason:
+            if number == len(lines) and not data.endswith(b"\n"):
+                break  # being written right now
+            raise ConfigError(
+                f"{path} line {number} is not a metrics record: {reason}; the file is "
+                "damaged: remove that line, or pass another run"
+            ) from None
+    return records
 
 
 def steady_means(records: Sequence[MetricsRecord], fields: Sequence[str]) -> dict[str, float]:
@@ -169,14 +219,13 @@ def largest_peak_memory(records: Sequence[MetricsRecord]) -> int | None:
 
 
 class MetricsFile:
-    """``metrics.jsonl``, appended to and flushed record by record."""
+    """``metrics.jsonl``, each record appended whole (a torn tail is cut on open)."""
 
     def __init__(self, path: Path) -> None:
-        self.file = path.open("a", encoding="utf-8")
+        self.file = RecordFile(path)
 
     def write(self, record: MetricsRecord) -> None:
-        self.file.write(dumps_json(record.to_json()) + "\n")  # null, never a bare NaN
-        self.file.flush()
+        self.file.append(dumps_json(record.to_json()))  # null, never a bare NaN
 
     def close(self) -> None:
         self.file.close()

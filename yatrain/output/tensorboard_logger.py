@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import tempfile
 from pathlib import Path
 
 from yatrain.config import Recipe
@@ -29,12 +30,15 @@ def require_tensorboard(recipe: Recipe) -> None:
 
 class TensorBoardLogger:
     """Every numeric field of a record at its step (what W&B gets); the summary's numbers
-    as ``summary/NAME`` at the last step."""
+    as ``summary/NAME`` at the last step. A resumed run (``start_step`` > 0) purges what an
+    earlier attempt logged after that step, as ``metrics.jsonl`` is trimmed."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, start_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter  # optional: imported when used
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        folder = writable_folder(run_dir / "tensorboard")
+        purge = start_step + 1 if start_step > 0 else None
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
         self.last_step = 0
 
     def log(self, record: MetricsRecord) -> None:
@@ -50,6 +54,24 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def writable_folder(folder: Path) -> Path:
+    """``folder``, made if missing; one line when a file is in the way or it is read-only
+    (TensorBoard's writer thread would fail later, with a traceback)."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(
+            f"{folder} is a file, not a directory: move it away, or set logging.tensorboard=false"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        raise ConfigError(
+            f"{folder} is not writable ({error.strerror}): fix its permissions, or set "
+            "logging.tensorboard=false"
+        ) from None
+    return folder
 
 
 def scalars(fields: dict) -> dict[str, float]:

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from yatrain.config import WandbConfig
 from yatrain.errors import YatrainError
+from yatrain.files import write_whole
 
 PROBE_TIMEOUT_S = 3.0  # how long auto waits for the W&B host before logging offline
 INIT_TIMEOUT_S = 20.0  # how long auto lets wandb.init take online before falling back
@@ -100,7 +101,7 @@ class WandbLogger:
         # One W&B run per run directory: a resumed or restarted job continues it.
         id_file = run_dir / "wandb-run-id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
-        id_file.write_text(run_id)
+        write_whole(id_file, run_id)
         args = dict(
             id=run_id,
             resume="allow",

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from yatrain.files import write_whole
+
 POLL_S = 0.1  # how often the collecting rank looks for the notes still missing
 
 
@@ -129,7 +131,7 @@ class HangReporter:
         sys.stderr.flush()
         with contextlib.suppress(OSError):
             hang_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
-            (hang_dir(self.run_dir) / "report.txt").write_text(text + "\n")
+            write_whole(hang_dir(self.run_dir) / "report.txt", text + "\n")
         headline = blame_headline(notes, self.world_size)[0]
         with contextlib.suppress(Exception):
             self.store.set("headline", headline)

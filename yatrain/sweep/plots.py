@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from yatrain.common import GIB, MIB
+from yatrain.files import replacing
 from yatrain.sweep.report import size_unit
 
 
@@ -89,6 +90,7 @@ def draw_plots(rows: list[dict], out_dir: Path, title: str, note: str = "") -> l
             fig.text(0.01, 0.01, note, fontsize=7, alpha=0.8)
         fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
         paths.append(out_dir / f"{name}.png")
-        fig.savefig(paths[-1])
+        with replacing(paths[-1]) as tmp:
+            fig.savefig(tmp, format="png")
         plt.close(fig)
     return paths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 
 from yatrain.common import GIB, dumps_json, format_bytes
 from yatrain.config import WandbConfig
+from yatrain.files import write_whole
 from yatrain.output.wandb_logger import WandbLogger
 
 COLUMNS = [
@@ -95,12 +97,14 @@ def format_table(rows: list[dict]) -> str:
 
 def write_tables(rows: list[dict], out_dir: Path, meta: dict) -> tuple[Path, Path]:
     """``sweep.csv`` and ``sweep.json`` (the rows plus how the sweep was run)."""
-    csv_path, json_path = out_dir / "sweep.csv", out_dir / "sweep.json"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path.write_text(dumps_json({**meta, "rows": rows}, indent=2) + "\n")
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_path = write_whole(out_dir / "sweep.csv", table.getvalue())
+    json_path = write_whole(
+        out_dir / "sweep.json", dumps_json({**meta, "rows": rows}, indent=2) + "\n"
+    )
     return csv_path, json_path
 
 

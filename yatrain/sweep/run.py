@@ -18,6 +18,7 @@ from pathlib import Path
 
 from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
+from yatrain.files import RecordFile, cut_torn_tail, make_directory
 from yatrain.output.record import (
     largest_peak_memory,
     largest_tensor_peak,
@@ -28,6 +29,8 @@ from yatrain.sweep.configs import SweepConfig
 from yatrain.sweep.report import describe
 from yatrain.train.rundir import LOCK_FILE
 
+RESULTS = "results.jsonl"
+SWEEP_MARK = ".yatrain-sweep"  # a directory a sweep made: only its files are replaced
 MEASURED = ("tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s")
 
 
@@ -94,8 +97,13 @@ def run_config(
 ) -> dict:
     """Run one configuration to completion and return its table row."""
     run_dir = out_dir / "configs" / config.name
-    if run_dir.exists():  # an interrupted attempt: start it again from scratch
+    if (run_dir / LOCK_FILE).is_file():  # an interrupted attempt: start it again from scratch
         shutil.rmtree(run_dir)
+    elif run_dir.exists():
+        raise ConfigError(
+            f"{run_dir} is not a run this sweep started (no {LOCK_FILE}): move it away, or "
+            "pass another --output"
+        )
     run_dir.mkdir(parents=True)
     (run_dir / LOCK_FILE).touch()  # a run directory (pretrain refuses other non-empty ones)
     code, output = launch(
@@ -122,16 +130,38 @@ def run_config(
     }
 
 
+def claim_output(out_dir: Path) -> None:
+    """Make ``out_dir`` this sweep's, refusing a directory that holds anything else: a
+    sweep replaces only files it wrote (its mark, or an earlier sweep's ``results.jsonl``)."""
+    ours = (out_dir / SWEEP_MARK).is_file() or (out_dir / RESULTS).is_file()
+    if out_dir.is_dir() and not ours and any(out_dir.iterdir()):
+        raise ConfigError(
+            f"--output {out_dir} is not empty and is not a yatrain sweep directory (no "
+            f"{SWEEP_MARK}): pass a new or empty directory"
+        )
+    make_directory(out_dir, "--output")
+    (out_dir / SWEEP_MARK).touch()
+
+
 def load_done(out_dir: Path) -> dict[str, dict]:
-    """Results recorded by earlier attempts of this sweep, by configuration name."""
-    path = out_dir / "results.jsonl"
+    """Results recorded by earlier attempts of this sweep, by configuration name (a line a
+    killed sweep left half-written is cut)."""
+    path = out_dir / RESULTS
+    cut_torn_tail(path)
     if not path.exists():
         return {}
     done = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
+    for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
             record = json.loads(line)
             done[record["row"]["name"]] = record
+        except (ValueError, TypeError, KeyError, RecursionError):
+            raise ConfigError(
+                f"{path} line {number} is not a sweep result: remove that line, or pass "
+                "another --output"
+            ) from None
     return done
 
 
@@ -150,7 +180,7 @@ def run_configs(
     echo: Callable[[str], None] = print,
 ) -> list[dict]:
     """Run every configuration not finished before; returns the rows in sweep order."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    claim_output(out_dir)
     done = load_done(out_dir)
     rows = []
     for index, config in enumerate(configs, 1):
@@ -163,8 +193,11 @@ def run_configs(
             continue
         echo(f"{tag}: running ({config.layers} checkpointed layers)")
         row = run_config(recipe_path, config, out_dir, nproc, warmup)
-        with (out_dir / "results.jsonl").open("a") as results:
-            results.write(dumps_json({"overrides": config.overrides, "row": row}) + "\n")
+        results = RecordFile(out_dir / RESULTS)
+        try:
+            results.append(dumps_json({"overrides": config.overrides, "row": row}))
+        finally:
+            results.close()
         echo(f"{tag}: {describe(row)}")
         rows.append(row)
     return rows

@@ -14,16 +14,24 @@ finite but huge weights is told apart by the element-wise check, run only then.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+
+_CTRL_C = "SIGINT (Ctrl-C)"
 
 
 class StepGuard:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.signal_name: str | None = None
+        self.run_dir_deleted_here = False  # set by rank 0, which holds the run dir's lock
+        self.run_dir_deleted = False  # on any rank, agreed by the check
+        self.saving: int | None = None  # the step whose checkpoint is being written
+        self._announced = False
         self._previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             # Outside the main thread (embedded use) no handler can be installed: skip.
@@ -31,21 +39,54 @@ class StepGuard:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
+        """Note the first signal (Ctrl-C reaches a launched rank as SIGINT, then as the
+        launcher's SIGTERM: the first is what the user did)."""
         if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        self.signal_name = signal.Signals(signum).name
+            raise KeyboardInterrupt  # a Ctrl-C after a signal: stop now, without a checkpoint
+        if self.signal_name is not None:
+            return
+        self.signal_name = _CTRL_C if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.saving is not None:
+            self._announce()
+
+    @contextlib.contextmanager
+    def during_save(self, step: int) -> Iterator[None]:
+        """A checkpoint save: a signal that arrived before it or arrives during it is said
+        at once, so a rank killed before the save ends (a launcher's short grace period)
+        has still said why it was stopping."""
+        self.saving = step
+        if self.signal_name is not None:
+            self._announce()
+        try:
+            yield
+        finally:
+            self.saving = None
+
+    def _announce(self) -> None:
+        if self._announced or os.environ.get("RANK", "0") != "0":
+            return
+        self._announced = True
+        start = "\n" if os.isatty(2) else ""  # off a progress bar's line
+        os.write(  # the one print that is safe wherever a signal interrupted
+            2,
+            f"{start}yatrain: {self.signal_name}: saving the checkpoint of step {self.saving}, "
+            "then stopping\n".encode(),
+        )
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[bool, bool]:
-        """(stop requested on any rank, non-finite on any rank), agreed by all ranks."""
+        """(stop requested on any rank, non-finite on any rank), agreed by all ranks. A
+        run directory deleted under the run stops it too (``run_dir_deleted``)."""
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-        flags = torch.stack([torch.tensor(self.signal_name is not None, device=self.device), bad])
+        local = [self.signal_name is not None, self.run_dir_deleted_here]
+        flags = torch.cat([torch.tensor(local, device=self.device), bad.reshape(1)])
         flags = flags.to(torch.float32)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, nonfinite = flags.tolist()
+        stop, deleted, nonfinite = flags.tolist()
         if stop and self.signal_name is None:
             self.signal_name = "a signal on another rank"
-        return bool(stop), bool(nonfinite)
+        self.run_dir_deleted = bool(deleted)
+        return bool(stop or deleted), bool(nonfinite)
 
     def weights_finite(self, tensors: list[torch.Tensor]) -> bool:
         """Whether every element of ``tensors`` (this rank's shards) is finite on every

@@ -8,9 +8,10 @@ methods, added to the list ``Loggers.open`` builds.
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TextIO
 
 from tqdm import tqdm
 
@@ -34,13 +35,17 @@ class MetricsLogger(Protocol):
 
 
 class Console:
-    """stderr: a progress bar, one line per logged step, the summary table, and notes."""
+    """stderr: a progress bar, one line per logged step, the summary table, and notes. While
+    the bar is drawn, whatever else writes to stderr (a hang report, a watchdog's line, a
+    warning) goes through it too: whole lines above the bar, never glued to its line."""
 
     def __init__(self, progress: bool) -> None:
         self.progress = progress
         self.bar: tqdm | None = None
+        self.stream: TextIO = sys.stderr
 
     def start(self, total_steps: int, done_steps: int) -> None:
+        self.stream = sys.stderr
         self.bar = tqdm(
             total=total_steps,
             initial=done_steps,
@@ -48,12 +53,14 @@ class Console:
             desc="pretrain",
             unit="step",
             dynamic_ncols=True,
-            file=sys.stderr,
+            file=self.stream,
         )
+        if not self.bar.disable:
+            sys.stderr = _AboveBar(self.stream, self.bar)
 
     def say(self, message: str) -> None:
         if self.bar is not None and not self.bar.disable:
-            self.bar.write(message, file=sys.stderr)
+            self.bar.write(message, file=self.stream)
         else:
             print(message, file=sys.stderr, flush=True)
 
@@ -70,8 +77,41 @@ class Console:
         self.say(format_summary(summary))
 
     def close(self) -> None:
+        if isinstance(sys.stderr, _AboveBar):
+            sys.stderr.release()
+            sys.stderr = self.stream
         if self.bar is not None:
             self.bar.close()
+
+
+class _AboveBar(io.TextIOBase):
+    """stderr while a bar is drawn: text is held until its line ends, then printed above
+    the bar (which is redrawn below it)."""
+
+    def __init__(self, stream: TextIO, bar: tqdm) -> None:
+        self.stream, self.bar, self.pending = stream, bar, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        if "\n" in self.pending:
+            lines, _, self.pending = self.pending.rpartition("\n")
+            self.bar.write(lines, file=self.stream)
+        return len(text)
+
+    def release(self) -> None:
+        """Print a last line that never ended."""
+        if self.pending:
+            self.bar.write(self.pending, file=self.stream)
+            self.pending = ""
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
 
 
 class MetricsFileLogger:
@@ -124,9 +164,9 @@ class Loggers:
         kept = write_config(run_dir / "config.yaml", recipe_to_yaml(recipe))
         if kept is not None:
             self.say(f"{run_dir} had another config.yaml: kept it as {kept.name}")
-        moved = truncate_metrics(run_dir / "metrics.jsonl", start_step)
-        if moved is not None:
-            self.say(f"{run_dir} had metrics but no checkpoint: kept them as {moved.name}")
+        metrics = run_dir / "metrics.jsonl"
+        for note in truncate_metrics(metrics, start_step).notes(metrics, start_step):
+            self.say(note)
         wandb = WandbLogger(
             recipe.logging.wandb, run_dir, recipe_to_dict(recipe), run_dir.name, say=self.say
         )
@@ -137,7 +177,7 @@ class Loggers:
             WandbRunLogger(wandb),
         ]
         if recipe.logging.tensorboard:
-            self.destinations.append(TensorBoardLogger(run_dir))
+            self.destinations.append(TensorBoardLogger(run_dir, start_step))
 
     def say(self, message: str) -> None:
         if self.active:

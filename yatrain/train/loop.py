@@ -114,6 +114,7 @@ def train(run: Run) -> dict:
             run.step_number = step_number
             run.watchdog.phase(f"step {step_number}")
             first_step = step_number == run.start_step + 1
+            guard.run_dir_deleted_here = run.lock is not None and run.lock.deleted()
             with run.profiler.step(step_number), warming_up(run, first_step):
                 outcome, lr = step(run, step_number, guard)
             if first_step and run.compiler is not None:
@@ -128,7 +129,8 @@ def train(run: Run) -> dict:
                 log(run, step_number, outcome, lr, evaluation)
             if run.checkpointer.due(step_number, outcome.stop):
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
-                save(run, step_number, final=outcome.stop or step_number == total)
+                with guard.during_save(step_number):
+                    save(run, step_number, final=outcome.stop or step_number == total)
             elif (written := run.checkpointer.written()) is not None:
                 run.loggers.say(f"saved {written} (written in the background)")
             if outcome.stop:
@@ -166,6 +168,11 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
             model_inputs=run.loader.attention_inputs,
             clock=run.meter.clock,
             context=run.context,
+        )
+    if guard.run_dir_deleted:  # saving would make a directory no run owns: stop unsaved
+        raise TrainingError(
+            f"the run directory {run.run_dir} was deleted (or moved) during the run, before "
+            f"step {step_number}; nothing more is written there: start again with a new --run-dir"
         )
     skip = run.recipe.train.skip_nonfinite_steps
     last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None

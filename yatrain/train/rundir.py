@@ -29,6 +29,7 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
+from yatrain.files import write_whole
 from yatrain.runtime.launch import check_run_id
 
 LOCK_FILE = ".yatrain.lock"
@@ -123,6 +124,20 @@ class RunDirLock:
                 self.release(started=False)
                 raise
 
+    def deleted(self) -> bool:
+        """Whether the run directory was deleted or moved while the run held it: its lock
+        file is no longer the one this run holds."""
+        if self.fd is None:
+            return False
+        try:
+            there = os.stat(self.run_dir / LOCK_FILE)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # a file system hiccup is not a deletion
+        held = os.fstat(self.fd)
+        return (there.st_ino, there.st_dev) != (held.st_ino, held.st_dev)
+
     def release(self, started: bool = True) -> None:
         """Let the next run in (also done by the kernel when this process exits). A run
         that did not start (``started=False``) removes its lock file, and the run directory
@@ -207,5 +222,5 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
             f"{folder}/step-N)"
         )
     if owner is None:
-        owner_file.write_text(json.dumps({"run_dir": me}) + "\n")
+        write_whole(owner_file, json.dumps({"run_dir": me}) + "\n")
     return fd
