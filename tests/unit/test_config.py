@@ -338,7 +338,7 @@ def test_check_vocab():
     [
         (0, "must be positive"),
         (-5, "must be positive"),
-        (1e308, "must be at most 1,048,576"),
+        (1e308, "must be above 0 and at most 1048576"),
         ("lots", "must be a number or 'auto'"),
         (True, "must be a number or 'auto'"),
     ],
