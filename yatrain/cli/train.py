@@ -124,7 +124,9 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
         "Examples:\n\n"
         "  yatrain plan recipes/llama3_70b.yaml --gpus 256 --set data.seq_len=2048\n\n"
         "  yatrain plan recipes/llama3_70b.yaml --gpus 256 --shard-group-size 8\n\n"
-        "  yatrain plan recipes/llama3_8b.yaml --gpus 8 --gpu-memory 80 --json"
+        "  yatrain plan recipes/llama3_8b.yaml --gpus 8 --gpu-memory 80 --json\n\n"
+        "  yatrain plan recipes/llama3_1_8b.yaml --gpus 8 --context-parallel 8 "
+        "--set data.seq_len=131072"
     )
 )
 def plan(
@@ -148,9 +150,18 @@ def plan(
         "--shard-group-size",
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
     ),
+    context_parallel: int | None = typer.Option(
+        None,
+        "--context-parallel",
+        min=1,
+        help="Cut each window over N GPUs (sharding.context_parallel).",
+    ),
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
-    each GPU sends per step (full against hybrid sharding)."""
+    each GPU sends per step (full against hybrid sharding). A sequence that fits no GPU
+    count is named the smallest context-parallel size that fits."""
+    if context_parallel is not None:
+        overrides = [*overrides, f"sharding.context_parallel={context_parallel}"]
     if shard_group_size is not None:
         if not shard_group_size.isdigit() and shard_group_size != "auto":
             raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")

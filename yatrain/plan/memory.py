@@ -147,6 +147,10 @@ class MemoryPlan:
     full_layer_bytes: int
     checkpointed_layer_bytes: int
     min_gpus: int | None = None  # when nothing fits: the smallest GPU count (group) that does
+    context_parallel: int = 1  # ranks sharing each window (sharding.context_parallel)
+    # when nothing fits: the smallest CP size that does on these GPUs, and the checkpointed
+    # layers it needs ({"context_parallel": c, "activation_checkpoint_layers": k})
+    min_context_parallel: dict | None = None
     recipe_setting: dict = field(default_factory=dict)
     shard_group_size: int = 0  # the state is sharded over this many GPUs (HSDP: < world)
     # The reduce-scatter staging: its budget, what it holds, each unit's pieces (sizes.py).
@@ -178,6 +182,7 @@ def plan_for_layers(
         m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8, budget
     )
     state, buffers = state_bytes(*layout, dtype), layout[2]
+    cp = s.context_parallel
     acts = ActivationSizes.of(
         m,
         data.seq_len,
@@ -185,13 +190,16 @@ def plan_for_layers(
         dtype,
         recipe.train.loss_chunk_tokens,
         compiled=recipe.train.compile,
+        context_parallel=cp,
+        document_mask=data.document_mask,
     )
-    accumulating = data.global_batch_size > data.micro_batch_size * world_size
+    accumulating = data.global_batch_size > data.micro_batch_size * world_size // cp
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(
         acts, m.n_layers, checkpointed, GradientShards.of(m, group), accumulating, direct
     )
-    breakdown = {**state, "batch_and_rope": acts.batch, **parts}
+    masks = {"attention_masks": acts.mask} if acts.mask else {}
+    breakdown = {**state, "batch_and_rope": acts.batch, **masks, **parts}
     tensor_peak = sum(breakdown.values())
     breakdown["runtime_allowance"] = runtime_allowance_bytes
     peak = tensor_peak + runtime_allowance_bytes
@@ -213,6 +221,7 @@ def plan_for_layers(
         full_layer_bytes=acts.full_layer,
         checkpointed_layer_bytes=acts.checkpointed_layer,
         shard_group_size=group,
+        context_parallel=cp,
         staging={"budget": budget, "bytes": buffers.staging.bytes, "pieces": buffers.pieces},
     )
 
@@ -243,6 +252,32 @@ def min_gpus_to_fit(
     return high
 
 
+def context_parallel_sizes(recipe: Recipe, group: int) -> list[int]:
+    """CP sizes above the recipe's a shard group of ``group`` ranks can take: they divide
+    the group, and 2 x CP divides the sequence (``sharding.context_parallel``'s rules)."""
+    seq, own = recipe.data.seq_len, recipe.sharding.context_parallel
+    return [c for c in range(own + 1, group + 1) if group % c == 0 and seq % (2 * c) == 0]
+
+
+def min_context_parallel(
+    recipe: Recipe,
+    world_size: int,
+    gpu_memory_bytes: int,
+    runtime_allowance_bytes: int | None,
+) -> dict | None:
+    """The smallest CP size on these GPUs at which the recipe fits, and the fewest
+    checkpointed layers it then needs; None when none does."""
+    group = planned_group(recipe, world_size)
+    for cp in context_parallel_sizes(recipe, group):
+        sharding = dataclasses.replace(recipe.sharding, context_parallel=cp)
+        candidate = dataclasses.replace(recipe, sharding=sharding)
+        for k in range(recipe.model.n_layers + 1):
+            args = (gpu_memory_bytes, runtime_allowance_bytes)
+            if plan_for_layers(candidate, world_size, k, *args).fits:
+                return {"context_parallel": cp, "activation_checkpoint_layers": k}
+    return None
+
+
 def plan_memory(
     recipe: Recipe,
     world_size: int,
@@ -270,7 +305,9 @@ def plan_memory(
         if plan is None:
             plan = plan_for_layers(recipe, world_size, n, *args)
             plan.min_gpus = min_gpus_to_fit(recipe, plan.shard_group_size, *args)
-    plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size)
+            plan.min_context_parallel = min_context_parallel(recipe, world_size, *args)
+    k = plan.activation_checkpoint_layers
+    plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size, k)
     plan.recipe_setting = {
         "activation_checkpoint_layers": setting,
         "peak_bytes_per_gpu": recipe_plan.peak_bytes_per_gpu,
