@@ -161,6 +161,21 @@ class MemoryPlan:
         return dataclasses.asdict(self)
 
 
+def activation_sizes(recipe: Recipe) -> ActivationSizes:
+    """A micro-batch's activations on one rank of this recipe (``activations.py``)."""
+    data = recipe.data
+    return ActivationSizes.of(
+        recipe.model,
+        data.seq_len,
+        data.micro_batch_size,
+        recipe.train.dtype,
+        recipe.train.loss_chunk_tokens,
+        compiled=recipe.train.compile,
+        context_parallel=recipe.sharding.context_parallel,
+        document_mask=data.document_mask,
+    )
+
+
 def plan_for_layers(
     recipe: Recipe,
     world_size: int,
@@ -183,16 +198,7 @@ def plan_for_layers(
     )
     state, buffers = state_bytes(*layout, dtype), layout[2]
     cp = s.context_parallel
-    acts = ActivationSizes.of(
-        m,
-        data.seq_len,
-        data.micro_batch_size,
-        dtype,
-        recipe.train.loss_chunk_tokens,
-        compiled=recipe.train.compile,
-        context_parallel=cp,
-        document_mask=data.document_mask,
-    )
+    acts = activation_sizes(recipe)
     accumulating = data.global_batch_size > data.micro_batch_size * world_size // cp
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(
