@@ -204,3 +204,11 @@ def test_plan_command_takes_a_context_parallel_size():
     assert "context parallel 8 (16384 tokens of each window a GPU)" in cut.output
     assert "checkpoint the first 18 of 32 layers" in cut.output
     assert "of it context parallelism's K/V" in cut.output
+
+
+def test_gpu_count_named_under_context_parallelism_is_whole_cp_groups():
+    """Llama 3 70B at 131,072 tokens, CP 8 on 8 GPUs: the count that fits is a multiple of
+    8 (a world CP does not divide was an error before)."""
+    plan = plan_memory(long_recipe(131_072, 8, "llama3_70b"), 8, 80 * GIB)
+    assert plan.fits is False and plan.min_gpus is not None and plan.min_gpus % 8 == 0
+    assert plan_for_layers(long_recipe(131_072, 8, "llama3_70b"), plan.min_gpus, 80, 80 * GIB).fits

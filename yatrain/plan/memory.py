@@ -237,25 +237,29 @@ def min_gpus_to_fit(
 ) -> int | None:
     """Smallest GPU count >= world_size at which all layers checkpointed fit; None if the
     unsharded part (buffers, activations, allowance) alone is too big for any count. Under
-    hybrid sharding more replicas do not help: this is the shard group it would take."""
+    hybrid sharding more replicas do not help: this is the shard group it would take. Under
+    context parallelism a multiple of its size."""
     n = recipe.model.n_layers
     sharding = dataclasses.replace(recipe.sharding, shard_group_size=None)
     recipe = dataclasses.replace(recipe, sharding=sharding)
 
-    def fits(world: int) -> bool:
-        plan = plan_for_layers(recipe, world, n, gpu_memory_bytes, runtime_allowance_bytes)
-        return bool(plan.fits)
+    cp = recipe.sharding.context_parallel  # counts are whole CP groups
 
-    high = world_size
+    def fits(groups: int) -> bool:
+        args = (gpu_memory_bytes, runtime_allowance_bytes)
+        return bool(plan_for_layers(recipe, groups * cp, n, *args).fits)
+
+    first = max(world_size // cp, 1)
+    high = first
     while not fits(high):
         if high >= 2**24:
             return None
         high *= 2
-    low = max(world_size, high // 2)
+    low = max(first, high // 2)
     while low < high:  # sharded bytes only shrink as the count grows
         mid = (low + high) // 2
         low, high = (low, mid) if fits(mid) else (mid + 1, high)
-    return high
+    return high * cp
 
 
 def context_parallel_sizes(recipe: Recipe, group: int) -> list[int]:
