@@ -69,11 +69,15 @@ class ActivationSizes:
         logits = chunk * m.vocab_size * (4 + (p if p != 4 else 0))  # fp32 (+ cast) logits
         gathered = gathered_kv(m, seq_len, micro_batch, p) if cp > 1 else 0
         kv_local = 2 * n * p * m.n_kv_heads * m.head_dim if cp > 1 else 0  # not kept under CP
+        # without CP, SDPA makes the boolean document mask additive in each layer and keeps
+        # that copy for the backward (measured: tests/integration/test_plan_context.py)
+        converted = micro_batch * seq_len * seq_len * p if document_mask and cp == 1 else 0
         return cls(
             full_layer=(compiled_layer if compiled else eager_layer)(m, n, p)
             + lse
             + gathered
-            - kv_local,
+            - kv_local
+            + converted,
             checkpointed_layer=n * p * d,
             # two ffn-sized gradients inside a layer's backward and its input's gradient (a
             # weight's gradient on its way into the gradient buffer overlaps with freed
@@ -98,7 +102,8 @@ def attention_masks(seq_len: int, micro_batch: int, p: int, cp: int, documents: 
     """Bytes of the masks one micro-batch keeps through its forward and backward.
 
     Documents masked (``data.document_mask``): dense. Without CP the model's boolean
-    [B, 1, T, T] (``models.llama.document_causal_mask``); under CP
+    [B, 1, T, T] (``models.llama.document_causal_mask``; each layer that keeps its
+    activations also keeps an additive copy, counted in its bytes); under CP
     (``train.gathered_attention``) each local chunk's additive [B, 1, w, end] mask in the
     compute dtype, w = T / (2 CP): B w^2 (2 CP + 1) elements a rank, T^2 / CP^2 shrinking.
     Plain causal under CP: one shared additive mask of at most ``MASK_ELEMENTS`` (CPU)."""
