@@ -221,3 +221,12 @@ def test_context_parallel_axis_of_a_measured_sweep():
     plain = configs.expand_configs(ROOT / "recipes/tiny.yaml", TINY, [32], ["0"], 3, 2, False)
     assert plain[0].name == "seq32-ckpt0" and plain[0].context_parallel == 1
     assert not any("context_parallel" in s for s in plain[0].overrides)
+
+
+def test_plan_only_flags_need_plan_only():
+    args = ["sweep", str(ROOT / "recipes/tiny.yaml"), "--seq-len", "64", "--gpus", "8"]
+    with pytest.raises(ConfigError, match="pass --plan-only with them"):
+        CliRunner().invoke(app, args, catch_exceptions=False)
+    bad = ["sweep", str(ROOT / "recipes/tiny.yaml"), "--seq-len", "64", "--plan-only"]
+    with pytest.raises(ConfigError, match="--context-parallel: 'x' is not a positive"):
+        CliRunner().invoke(app, [*bad, "--context-parallel", "1,x"], catch_exceptions=False)
