@@ -130,14 +130,14 @@ def test_table_and_plots_go_to_wandb(swept, small_data, isolated_env):
 
 
 def test_batch_sizes_keep_tokens_or_sequences():
-    assert configs._batch_for(2048, 4096, 512, 1, 8, keep_seqs=False) == (1024, 1)
-    assert configs._batch_for(8192, 4096, 512, 2, 8, keep_seqs=False) == (256, 2)
-    assert configs._batch_for(64, 32, 4, 2, 2, keep_seqs=False) == (2, 1)  # micro-batch shrinks
-    assert configs._batch_for(8192, 4096, 512, 1, 8, keep_seqs=True) == (512, 1)
+    assert configs.batch_for(2048, 4096, 512, 1, 8, keep_seqs=False) == (1024, 1)
+    assert configs.batch_for(8192, 4096, 512, 2, 8, keep_seqs=False) == (256, 2)
+    assert configs.batch_for(64, 32, 4, 2, 2, keep_seqs=False) == (2, 1)  # micro-batch shrinks
+    assert configs.batch_for(8192, 4096, 512, 1, 8, keep_seqs=True) == (512, 1)
     with pytest.raises(ConfigError, match="keep-batch-sequences"):
-        configs._batch_for(3000, 4096, 512, 1, 8, keep_seqs=False)
+        configs.batch_for(3000, 4096, 512, 1, 8, keep_seqs=False)
     with pytest.raises(ConfigError, match="do not split"):
-        configs._batch_for(64, 32, 4, 1, 8, keep_seqs=False)
+        configs.batch_for(64, 32, 4, 1, 8, keep_seqs=False)
 
 
 def test_commands_and_failure_classes():
@@ -177,3 +177,56 @@ def test_auto_and_bad_settings_are_resolved_before_running(small_data):
     assert "model.max_seq_len=256" in expanded[2].overrides  # beyond the recipe's context
     with pytest.raises(ConfigError, match="'7' is not 'auto' or a layer count"):
         configs.expand_configs(recipe, sets, [32], ["7"], 3, 1, False)
+
+
+def test_plan_only_sweep_tabulates_the_planner_without_training(tmp_path):
+    """--plan-only: one row per (length, CP size) from the planner, its table, CSV, JSON
+    and plot; no configuration runs (no configs/ directory), no data needed."""
+    args = ["sweep", str(ROOT / "recipes/llama3_1_8b.yaml"), "--plan-only", "--gpus", "8"]
+    args += ["--seq-len", "65536,131072", "--context-parallel", "1,8"]
+    result = CliRunner().invoke(app, [*args, "--gpu-memory", "80", "--output", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "plan.json").read_text())["rows"]
+    assert [(r["seq_len"], r["context_parallel"]) for r in rows] == [
+        (65536, 1),
+        (65536, 8),
+        (131072, 1),
+        (131072, 8),
+    ]
+    whole, cut = rows[2], rows[3]
+    assert whole["fits"] is False and whole["min_context_parallel"]["context_parallel"] == 2
+    assert cut["fits"] is True and cut["context_bytes_per_step"] > 0
+    assert rows[1]["activation_checkpoint_layers"] < rows[0]["activation_checkpoint_layers"]
+    assert "| 131,072 | 8 | 18 |" in result.stdout and "no: CP 2 fits" in result.stdout
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.csv", "plan.json", "plan.png"}
+    with (tmp_path / "plan.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 4
+
+
+def test_context_parallel_axis_of_a_measured_sweep():
+    """--context-parallel 1,2 on 2 processes: each length at each CP size, named by it, its
+    batch split over world / CP data ranks, the planner's peak for that CP."""
+    out = configs.expand_configs(
+        ROOT / "recipes/tiny.yaml", TINY, [32, 64], ["0"], 3, 2, False, [1, 2]
+    )
+    assert [c.name for c in out] == [
+        "seq32-cp1-ckpt0",
+        "seq32-cp2-ckpt0",
+        "seq64-cp1-ckpt0",
+        "seq64-cp2-ckpt0",
+    ]
+    assert [c.context_parallel for c in out] == [1, 2, 1, 2]
+    assert "sharding.context_parallel=2" in out[1].overrides
+    assert out[1].predicted_peak_bytes < out[0].predicted_peak_bytes
+    plain = configs.expand_configs(ROOT / "recipes/tiny.yaml", TINY, [32], ["0"], 3, 2, False)
+    assert plain[0].name == "seq32-ckpt0" and plain[0].context_parallel == 1
+    assert not any("context_parallel" in s for s in plain[0].overrides)
+
+
+def test_plan_only_flags_need_plan_only():
+    args = ["sweep", str(ROOT / "recipes/tiny.yaml"), "--seq-len", "64", "--gpus", "8"]
+    with pytest.raises(ConfigError, match="pass --plan-only with them"):
+        CliRunner().invoke(app, args, catch_exceptions=False)
+    bad = ["sweep", str(ROOT / "recipes/tiny.yaml"), "--seq-len", "64", "--plan-only"]
+    with pytest.raises(ConfigError, match="--context-parallel: 'x' is not a positive"):
+        CliRunner().invoke(app, [*bad, "--context-parallel", "1,x"], catch_exceptions=False)

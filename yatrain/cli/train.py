@@ -16,7 +16,7 @@ from yatrain.output.html_report import write_report
 from yatrain.plan import format_plan, memory_limit, plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
 from yatrain.runtime.launch import Launch, launch
-from yatrain.sweep import run_sweep
+from yatrain.sweep import plan_sweep, run_sweep
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.loop import pretrain as run_pretrain
 from yatrain.train.setup import Checks
@@ -128,7 +128,9 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
         "Examples:\n\n"
         "  yatrain plan recipes/llama3_70b.yaml --gpus 256 --set data.seq_len=2048\n\n"
         "  yatrain plan recipes/llama3_70b.yaml --gpus 256 --shard-group-size 8\n\n"
-        "  yatrain plan recipes/llama3_8b.yaml --gpus 8 --gpu-memory 80 --json"
+        "  yatrain plan recipes/llama3_8b.yaml --gpus 8 --gpu-memory 80 --json\n\n"
+        "  yatrain plan recipes/llama3_1_8b.yaml --gpus 8 --context-parallel 8 "
+        "--set data.seq_len=131072"
     )
 )
 def plan(
@@ -159,12 +161,21 @@ def plan(
         "--shard-group-size",
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
     ),
+    context_parallel: int | None = typer.Option(
+        None,
+        "--context-parallel",
+        min=1,
+        help="Cut each window over N GPUs (sharding.context_parallel).",
+    ),
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
-    each GPU sends per step (full against hybrid sharding)."""
+    each GPU sends per step (full against hybrid sharding). A sequence that fits no GPU
+    count is named the smallest context-parallel size that fits."""
     for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{flag} {value}: give a number of GiB")
+    if context_parallel is not None:
+        overrides = [*overrides, f"sharding.context_parallel={context_parallel}"]
     if shard_group_size is not None:
         if not shard_group_size.isdigit() and shard_group_size != "auto":
             raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
@@ -192,12 +203,29 @@ def _comma_list(text: str, flag: str) -> list[str]:
     return items
 
 
-def _lengths(text: str) -> list[int]:
-    items = _comma_list(text, "--seq-len")
+def _lengths(text: str, flag: str = "--seq-len") -> list[int]:
+    items = _comma_list(text, flag)
     for item in items:
         if not item.isdigit() or int(item) < 1:
-            raise ConfigError(f"--seq-len: '{item}' is not a positive whole number")
+            raise ConfigError(f"{flag}: '{item}' is not a positive whole number")
     return [int(item) for item in items]
+
+
+SWEEP_CP = typer.Option(
+    "", "--context-parallel", help="Comma-separated CP sizes, e.g. 1,2,4,8 (default: the recipe's)."
+)
+SWEEP_PLAN_ONLY = typer.Option(
+    False,
+    "--plan-only",
+    help="No training: the planner's table and plots (memory, checkpointed layers, CP, bytes "
+    "per step) for --gpus GPUs.",
+)
+SWEEP_GPUS = typer.Option(
+    None, "--gpus", min=1, help="With --plan-only: GPUs to plan for (default: --nproc-per-node)."
+)
+SWEEP_GPU_MEMORY = typer.Option(
+    None, "--gpu-memory", min=0.001, help="With --plan-only: GiB per GPU (default: 80)."
+)
 
 
 @app.command(
@@ -206,7 +234,9 @@ def _lengths(text: str) -> list[int]:
         "  yatrain sweep recipes/tiny.yaml --seq-len 64,128,256 "
         "--activation-checkpoint-layers 0,4\n\n"
         "  yatrain sweep recipes/llama3_8b.yaml --seq-len 2048,4096,8192 "
-        "--activation-checkpoint-layers 0,auto --nproc-per-node 8 --output runs/sweep-8b"
+        "--activation-checkpoint-layers 0,auto --nproc-per-node 8 --output runs/sweep-8b\n\n"
+        "  yatrain sweep recipes/llama3_1_8b.yaml --plan-only --gpus 8 "
+        "--seq-len 8192,32768,131072 --context-parallel 1,2,4,8"
     )
 )
 def sweep(
@@ -234,26 +264,36 @@ def sweep(
     overrides: list[str] = typer.Option(
         [], "--set", help="Override a recipe key for every configuration (value parsed as YAML)."
     ),
+    context_parallel: str = SWEEP_CP,
+    plan_only: bool = SWEEP_PLAN_ONLY,
+    gpus: int | None = SWEEP_GPUS,
+    gpu_memory: float | None = SWEEP_GPU_MEMORY,
 ) -> None:
-    """Measure throughput and memory across sequence lengths and checkpoint settings."""
+    """Measure throughput and memory across sequence lengths, checkpoint settings and CP
+    sizes; or, with --plan-only, tabulate the planner's figures without training."""
     lengths = _lengths(seq_len)
+    sizes = _lengths(context_parallel, "--context-parallel") if context_parallel else []
+    if plan_only:
+        sizes = sizes or [load_recipe(recipe, overrides).sharding.context_parallel]
+        planned = plan_sweep(
+            recipe, lengths, sizes, gpus or nproc_per_node, gpu_memory_gib=gpu_memory,
+            output=output, keep_batch_sequences=keep_batch_sequences, overrides=overrides,
+        )  # fmt: skip
+        typer.echo(planned.table)
+        typer.echo(f"wrote {planned.out_dir}: {', '.join(p.name for p in planned.files)}", err=True)
+        return
+    if gpus is not None or gpu_memory is not None:
+        raise ConfigError("--gpus and --gpu-memory plan a sweep: pass --plan-only with them")
     settings = (
         _comma_list(checkpoint_layers, "--activation-checkpoint-layers")
         if checkpoint_layers
         else []
     )
     result = run_sweep(
-        recipe,
-        lengths,
-        settings,
-        steps=steps,
-        warmup=warmup,
-        output=output,
-        keep_batch_sequences=keep_batch_sequences,
-        nproc_per_node=nproc_per_node,
-        overrides=overrides,
-        echo=lambda line: typer.echo(line, err=True),
-    )
+        recipe, lengths, settings, steps=steps, warmup=warmup, output=output,
+        keep_batch_sequences=keep_batch_sequences, nproc_per_node=nproc_per_node,
+        overrides=overrides, echo=lambda line: typer.echo(line, err=True), context_parallel=sizes,
+    )  # fmt: skip
     typer.echo(result.table)
     files = ", ".join(p.name for p in result.files)
     typer.echo(f"wrote {result.out_dir}: {files} | wandb {result.wandb_mode}", err=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from yatrain.common import dtype_bytes
 from yatrain.config import ModelConfig
 from yatrain.plan.layout import unit_layouts
+from yatrain.sharding.context import MASK_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ActivationSizes:
     loss: int  # one chunk's logits, fp32 and cast, and the hidden states' gradient
     head_gradient: int  # the output head's weight gradient (parameter dtype)
     batch: int  # input and target token ids (int64) and the rotary tables
+    mask: int = 0  # attention masks alive through the micro-batch (``attention_masks``)
 
     @classmethod
     def of(
@@ -53,23 +55,66 @@ class ActivationSizes:
         dtype: str,
         chunk_tokens: int,
         compiled: bool = False,
+        context_parallel: int = 1,
+        document_mask: bool = False,
     ) -> ActivationSizes:
-        p, n, d = dtype_bytes(dtype), seq_len * micro_batch, m.dim
-        lse = 4 * micro_batch * m.n_heads * seq_len  # fp32 log-sum-exp per query and head
+        """Under context parallelism (``context_parallel`` = CP > 1) a rank holds
+        ``seq_len / CP`` tokens of each window and every layer saves the window's gathered
+        keys and values for its backward (``gathered_kv``)."""
+        p, d, cp = dtype_bytes(dtype), m.dim, context_parallel
+        local = seq_len // cp  # this rank's tokens of each window
+        n = local * micro_batch
+        lse = 4 * micro_batch * m.n_heads * local  # fp32 log-sum-exp per query and head
         chunk = min(chunk_tokens, n)
         logits = chunk * m.vocab_size * (4 + (p if p != 4 else 0))  # fp32 (+ cast) logits
+        gathered = gathered_kv(m, seq_len, micro_batch, p) if cp > 1 else 0
+        kv_local = 2 * n * p * m.n_kv_heads * m.head_dim if cp > 1 else 0  # not kept under CP
+        # without CP, SDPA makes the boolean document mask additive in each layer and keeps
+        # that copy for the backward (measured: tests/integration/test_plan_context.py)
+        converted = micro_batch * seq_len * seq_len * p if document_mask and cp == 1 else 0
         return cls(
-            full_layer=(compiled_layer if compiled else eager_layer)(m, n, p) + lse,
+            full_layer=(compiled_layer if compiled else eager_layer)(m, n, p)
+            + lse
+            + gathered
+            - kv_local
+            + converted,
             checkpointed_layer=n * p * d,
             # two ffn-sized gradients inside a layer's backward and its input's gradient (a
             # weight's gradient on its way into the gradient buffer overlaps with freed
-            # activations: counting it overestimates every measured case)
-            backward_workspace=2 * n * p * m.ffn_dim + n * p * d,
+            # activations: counting it overestimates every measured case); under CP the
+            # gathered keys' and values' gradient and its copy for the reduce-scatter
+            backward_workspace=2 * n * p * m.ffn_dim + n * p * d + 2 * gathered,
             final_norm=norm_saved(n, d, p),
             loss=logits + n * p * d,
             head_gradient=p * m.vocab_size * d,
-            batch=16 * n + 4 * seq_len * m.head_dim,
+            batch=16 * n + 4 * local * m.head_dim,
+            mask=attention_masks(seq_len, micro_batch, p, cp, document_mask),
         )
+
+
+def gathered_kv(m: ModelConfig, seq_len: int, micro_batch: int, p: int) -> int:
+    """Bytes of one layer's keys and values over a whole window, as context parallelism
+    all-gathers them (``sharding.context``) and attention saves them for its backward."""
+    return 2 * micro_batch * seq_len * m.n_kv_heads * m.head_dim * p
+
+
+def attention_masks(seq_len: int, micro_batch: int, p: int, cp: int, documents: bool) -> int:
+    """Bytes of the masks one micro-batch keeps through its forward and backward.
+
+    Documents masked (``data.document_mask``): dense. Without CP the model's boolean
+    [B, 1, T, T] (``models.llama.document_causal_mask``; each layer that keeps its
+    activations also keeps an additive copy, counted in its bytes); under CP
+    (``train.gathered_attention``) each local chunk's additive [B, 1, w, end] mask in the
+    compute dtype, w = T / (2 CP): B w^2 (2 CP + 1) elements a rank, T^2 / CP^2 shrinking.
+    Plain causal under CP: one shared additive mask of at most ``MASK_ELEMENTS`` (CPU)."""
+    if documents and cp == 1:
+        return micro_batch * seq_len * seq_len
+    width = seq_len // (2 * cp)
+    if documents:
+        return micro_batch * width * width * (2 * cp + 1) * p
+    if cp > 1:
+        return min(width, max(1, MASK_ELEMENTS // seq_len)) * seq_len * p
+    return 0
 
 
 def norm_saved(n: int, d: int, p: int) -> int:

@@ -11,6 +11,7 @@ among this machine's ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -66,22 +67,80 @@ def check_fit(recipe: Recipe, world_size: int, device: torch.device, layers: int
         f"{format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per device ({layers} of "
         f"{recipe.model.n_layers} layers checkpointed, {world_size} device(s)) and "
         f"{format_bytes(have, 'GiB')} is available ({source}): "
-        f"{_fix(recipe, world_size, have, allowance)}; `yatrain plan` shows the breakdown, "
+        f"{fit_advice(recipe, world_size, have, allowance)}; `yatrain plan` shows the breakdown, "
         "--no-fit-check skips this check"
     )
 
 
-def _fix(recipe: Recipe, world_size: int, have: int, allowance: int | None) -> str:
-    """What would make it fit, by the planner: more checkpointed layers, more devices, or
-    a smaller micro-batch."""
+def fit_advice(recipe: Recipe, world_size: int, have: int, allowance: int | None) -> str:
+    """What would make it fit, by the planner: more checkpointed layers, the document
+    mask's longest sequence, context parallelism, more devices, or a smaller micro-batch."""
     best = plan_memory(recipe, world_size, have, allowance)
     if best.fits:
         return (
             f"set sharding.activation_checkpoint_layers={best.activation_checkpoint_layers} "
             "(or auto)"
         )
+    smallest, context = best.min_context_parallel, ""
+    if smallest is not None:
+        context = (
+            f"set sharding.context_parallel={smallest['context_parallel']} and "
+            f"sharding.activation_checkpoint_layers={smallest['activation_checkpoint_layers']}"
+        )
+    masked = document_mask_words(recipe, world_size, have, allowance)
+    if masked:
+        return f"{masked}{', or ' + context if context else ''}"
+    if context:
+        return context
     if best.min_gpus is not None and best.shard_group_size < world_size:
         return f"use sharding.shard_group_size of at least {best.min_gpus} (or unset it)"
     if best.min_gpus is not None:
         return f"use at least {best.min_gpus} devices with all layers checkpointed"
     return "lower data.micro_batch_size or data.seq_len (no device count helps)"
+
+
+def longest_masked_window(
+    recipe: Recipe, world_size: int, have: int, allowance: int | None
+) -> int | None:
+    """The longest ``data.seq_len`` (a multiple of 2 x CP x 64) at which this recipe with
+    its dense document mask fits (all layers may be checkpointed); None if none does."""
+    step = 2 * recipe.sharding.context_parallel * 64
+
+    def fits(seq: int) -> bool:
+        data = dataclasses.replace(recipe.data, seq_len=seq)
+        plan = plan_for_layers(
+            dataclasses.replace(recipe, data=data),
+            world_size,
+            recipe.model.n_layers,
+            have,
+            allowance,
+        )
+        return bool(plan.fits)
+
+    if fits(recipe.data.seq_len):
+        return recipe.data.seq_len
+    low, high = 0, recipe.data.seq_len // step  # in steps: fits(low * step), not high's
+    while low + 1 < high:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid * step) else (low, mid)
+    return low * step if low else None
+
+
+def document_mask_words(
+    recipe: Recipe, world_size: int, have: int, allowance: int | None
+) -> str | None:
+    """When only the dense document mask keeps the run from fitting: its size, and the
+    longest window at which it fits (``data.document_mask``)."""
+    if not recipe.data.document_mask:
+        return None
+    data = dataclasses.replace(recipe.data, document_mask=False)
+    if not plan_memory(dataclasses.replace(recipe, data=data), world_size, have, allowance).fits:
+        return None
+    mask = plan_for_layers(recipe, world_size, 0).breakdown.get("attention_masks", 0)
+    longest = longest_masked_window(recipe, world_size, have, allowance)
+    within = f"at most {longest} tokens" if longest else "no window"
+    return (
+        f"data.document_mask builds a dense mask of {format_bytes(mask, 'GiB')} per "
+        f"micro-batch at {recipe.data.seq_len} tokens and fits {within} here; set "
+        f"data.document_mask: false or data.seq_len to at most that"
+    )

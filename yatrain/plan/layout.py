@@ -92,7 +92,6 @@ def _items(m: ModelConfig) -> str:
 def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
     """Bytes one GPU sends per step with shard groups of ``group`` out of ``world_size``."""
     numels, reads, small = _units(_items(recipe.model))
-    data = recipe.data
     fp8 = fp8_units(recipe.model, recipe.train.float8, group == 1)
     tensors = _fp8_tensors(recipe.model, fp8)
     return step_traffic(
@@ -103,17 +102,43 @@ def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
         replicas=world_size // group,
         param_dtype=DTYPES[recipe.train.dtype],
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
-        micro_batches=data.global_batch_size // (data.micro_batch_size * world_size),
+        micro_batches=micro_batches(recipe, world_size),
         fp8_units=fp8,
         fp8_tensors=tensors,
     )
 
 
-def traffic_table(recipe: Recipe, world_size: int, group: int) -> dict[str, dict[str, int]]:
+def micro_batches(recipe: Recipe, world_size: int) -> int:
+    """Micro-batches a rank runs per step: the batch is split over world / CP data ranks."""
+    data, cp = recipe.data, recipe.sharding.context_parallel
+    return data.global_batch_size // (data.micro_batch_size * world_size // cp)
+
+
+def context_bytes(recipe: Recipe, world_size: int, checkpointed: int) -> int:
+    """Bytes one rank sends per step in context parallelism's K/V collectives: per
+    micro-batch and layer one all-gather of its [2, B, kv heads, T / CP, head dim] keys and
+    values (again in a checkpointed layer's recompute) and one reduce-scatter of their
+    gradient, each sending (CP - 1) x its local part (ring accounting)."""
+    m, data, cp = recipe.model, recipe.data, recipe.sharding.context_parallel
+    if cp == 1:
+        return 0
+    local = 2 * data.micro_batch_size * m.n_kv_heads * data.seq_len // cp * m.head_dim
+    local *= DTYPES[recipe.train.dtype].itemsize
+    collectives = 2 * m.n_layers + checkpointed
+    return micro_batches(recipe, world_size) * collectives * (cp - 1) * local
+
+
+def traffic_table(
+    recipe: Recipe, world_size: int, group: int, checkpointed: int = 0
+) -> dict[str, dict[str, int]]:
     """Per-step bytes per GPU, within groups and across, for full sharding and (when the
-    group is smaller than the world) hybrid sharding."""
+    group is smaller than the world) hybrid sharding; under CP ``context``, the K/V
+    collectives' share of ``intra`` (a CP group sits within a shard group)."""
     layouts = {"full": world_size, "hybrid": group} if group < world_size else {"full": group}
-    return {
-        name: dataclasses.asdict(traffic(recipe, world_size, size))
-        for name, size in layouts.items()
-    }
+    kv = context_bytes(recipe, world_size, checkpointed)
+    table = {}
+    for name, size in layouts.items():
+        sent = dataclasses.asdict(traffic(recipe, world_size, size))
+        sent["intra"] += kv
+        table[name] = {**sent, "context": kv} if kv else sent
+    return table

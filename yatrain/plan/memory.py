@@ -147,6 +147,10 @@ class MemoryPlan:
     full_layer_bytes: int
     checkpointed_layer_bytes: int
     min_gpus: int | None = None  # when nothing fits: the smallest GPU count (group) that does
+    context_parallel: int = 1  # ranks sharing each window (sharding.context_parallel)
+    # when nothing fits: the smallest CP size that does on these GPUs, and the checkpointed
+    # layers it needs ({"context_parallel": c, "activation_checkpoint_layers": k})
+    min_context_parallel: dict | None = None
     recipe_setting: dict = field(default_factory=dict)
     shard_group_size: int = 0  # the state is sharded over this many GPUs (HSDP: < world)
     # The reduce-scatter staging: its budget, what it holds, each unit's pieces (sizes.py).
@@ -155,6 +159,21 @@ class MemoryPlan:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def activation_sizes(recipe: Recipe) -> ActivationSizes:
+    """A micro-batch's activations on one rank of this recipe (``activations.py``)."""
+    data = recipe.data
+    return ActivationSizes.of(
+        recipe.model,
+        data.seq_len,
+        data.micro_batch_size,
+        recipe.train.dtype,
+        recipe.train.loss_chunk_tokens,
+        compiled=recipe.train.compile,
+        context_parallel=recipe.sharding.context_parallel,
+        document_mask=data.document_mask,
+    )
 
 
 def plan_for_layers(
@@ -178,20 +197,15 @@ def plan_for_layers(
         m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8, budget
     )
     state, buffers = state_bytes(*layout, dtype), layout[2]
-    acts = ActivationSizes.of(
-        m,
-        data.seq_len,
-        data.micro_batch_size,
-        dtype,
-        recipe.train.loss_chunk_tokens,
-        compiled=recipe.train.compile,
-    )
-    accumulating = data.global_batch_size > data.micro_batch_size * world_size
+    cp = s.context_parallel
+    acts = activation_sizes(recipe)
+    accumulating = data.global_batch_size > data.micro_batch_size * world_size // cp
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
     moment, parts = activation_peak(
         acts, m.n_layers, checkpointed, GradientShards.of(m, group), accumulating, direct
     )
-    breakdown = {**state, "batch_and_rope": acts.batch, **parts}
+    masks = {"attention_masks": acts.mask} if acts.mask else {}
+    breakdown = {**state, "batch_and_rope": acts.batch, **masks, **parts}
     tensor_peak = sum(breakdown.values())
     breakdown["runtime_allowance"] = runtime_allowance_bytes
     peak = tensor_peak + runtime_allowance_bytes
@@ -213,6 +227,7 @@ def plan_for_layers(
         full_layer_bytes=acts.full_layer,
         checkpointed_layer_bytes=acts.checkpointed_layer,
         shard_group_size=group,
+        context_parallel=cp,
         staging={"budget": budget, "bytes": buffers.staging.bytes, "pieces": buffers.pieces},
     )
 
@@ -222,25 +237,55 @@ def min_gpus_to_fit(
 ) -> int | None:
     """Smallest GPU count >= world_size at which all layers checkpointed fit; None if the
     unsharded part (buffers, activations, allowance) alone is too big for any count. Under
-    hybrid sharding more replicas do not help: this is the shard group it would take."""
+    hybrid sharding more replicas do not help: this is the shard group it would take. Under
+    context parallelism a multiple of its size."""
     n = recipe.model.n_layers
     sharding = dataclasses.replace(recipe.sharding, shard_group_size=None)
     recipe = dataclasses.replace(recipe, sharding=sharding)
 
-    def fits(world: int) -> bool:
-        plan = plan_for_layers(recipe, world, n, gpu_memory_bytes, runtime_allowance_bytes)
-        return bool(plan.fits)
+    cp = recipe.sharding.context_parallel  # counts are whole CP groups
 
-    high = world_size
+    def fits(groups: int) -> bool:
+        args = (gpu_memory_bytes, runtime_allowance_bytes)
+        return bool(plan_for_layers(recipe, groups * cp, n, *args).fits)
+
+    first = max(world_size // cp, 1)
+    high = first
     while not fits(high):
         if high >= 2**24:
             return None
         high *= 2
-    low = max(world_size, high // 2)
+    low = max(first, high // 2)
     while low < high:  # sharded bytes only shrink as the count grows
         mid = (low + high) // 2
         low, high = (low, mid) if fits(mid) else (mid + 1, high)
-    return high
+    return high * cp
+
+
+def context_parallel_sizes(recipe: Recipe, group: int) -> list[int]:
+    """CP sizes above the recipe's a shard group of ``group`` ranks can take: they divide
+    the group, and 2 x CP divides the sequence (``sharding.context_parallel``'s rules)."""
+    seq, own = recipe.data.seq_len, recipe.sharding.context_parallel
+    return [c for c in range(own + 1, group + 1) if group % c == 0 and seq % (2 * c) == 0]
+
+
+def min_context_parallel(
+    recipe: Recipe,
+    world_size: int,
+    gpu_memory_bytes: int,
+    runtime_allowance_bytes: int | None,
+) -> dict | None:
+    """The smallest CP size on these GPUs at which the recipe fits, and the fewest
+    checkpointed layers it then needs; None when none does."""
+    group = planned_group(recipe, world_size)
+    for cp in context_parallel_sizes(recipe, group):
+        sharding = dataclasses.replace(recipe.sharding, context_parallel=cp)
+        candidate = dataclasses.replace(recipe, sharding=sharding)
+        for k in range(recipe.model.n_layers + 1):
+            args = (gpu_memory_bytes, runtime_allowance_bytes)
+            if plan_for_layers(candidate, world_size, k, *args).fits:
+                return {"context_parallel": cp, "activation_checkpoint_layers": k}
+    return None
 
 
 def plan_memory(
@@ -270,7 +315,9 @@ def plan_memory(
         if plan is None:
             plan = plan_for_layers(recipe, world_size, n, *args)
             plan.min_gpus = min_gpus_to_fit(recipe, plan.shard_group_size, *args)
-    plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size)
+            plan.min_context_parallel = min_context_parallel(recipe, world_size, *args)
+    k = plan.activation_checkpoint_layers
+    plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size, k)
     plan.recipe_setting = {
         "activation_checkpoint_layers": setting,
         "peak_bytes_per_gpu": recipe_plan.peak_bytes_per_gpu,

@@ -16,6 +16,7 @@ LABELS = {
     "gather_buffers": "gather buffers (units, norms)",
     "gradient_buffers": "gradient buffers (+ reduce staging)",
     "batch_and_rope": "token ids and rotary tables",
+    "attention_masks": "attention masks (one micro-batch)",
     "activations": "activations",
     "logits_and_loss": "logits and loss (one chunk)",
     "head_gradient": "output head gradient (until reduced)",
@@ -44,11 +45,24 @@ def explain(plan: MemoryPlan) -> str:
         )
         return (
             f"does not fit even with all {n} layers checkpointed ({peak} > "
-            f"{format_bytes(limit, 'GiB')} on {plan.world_size} GPUs): {need}"
+            f"{format_bytes(limit, 'GiB')} on {plan.world_size} GPUs): "
+            f"{_context_words(plan)}{need}"
         )
     cost = f"recompute +{plan.recompute_flops_fraction:.1%} of step FLOPs"
     return (
         f"checkpoint the first {k} of {n} layers: {peak} of {format_bytes(limit, 'GiB')} ({cost})"
+    )
+
+
+def _context_words(plan: MemoryPlan) -> str:
+    """The smallest context-parallel size that fits these GPUs, when one does."""
+    smallest = plan.min_context_parallel
+    if not smallest:
+        return ""
+    cp, k = smallest["context_parallel"], smallest["activation_checkpoint_layers"]
+    return (
+        f"fits with sharding.context_parallel {cp} (--context-parallel {cp}; checkpoint "
+        f"{k} of {plan.n_layers} layers), or "
     )
 
 
@@ -73,6 +87,13 @@ def layout_words(plan: MemoryPlan) -> str:
     return f"{world} GPUs{hybrid}"
 
 
+def _context_head(plan: MemoryPlan) -> str:
+    cp = plan.context_parallel
+    if cp == 1:
+        return ""
+    return f", context parallel {cp} ({plan.seq_len // cp} tokens of each window a GPU)"
+
+
 def traffic_lines(plan: MemoryPlan) -> list[str]:
     """The per-step traffic table: full sharding against the recipe's hybrid layout."""
     rows = {
@@ -87,6 +108,9 @@ def traffic_lines(plan: MemoryPlan) -> list[str]:
         lines.append(
             f"  {rows[name]:<30} {_gib(sent['intra']):>10} GiB {_gib(sent['cross']):>10} GiB"
         )
+    kv = plan.traffic.get("full", {}).get("context", 0)
+    if kv:
+        lines.append(f"  (within groups: {_gib(kv)} GiB of it context parallelism's K/V)")
     if "hybrid" not in plan.traffic:
         lines.append(
             "  (full sharding: every collective spans all GPUs; "
@@ -119,7 +143,7 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         f"micro-batch {plan.micro_batch_size} | {plan.dtype} weights, "
         f"{recipe.sharding.reduce_dtype} reduce{' | compiled layers' * recipe.train.compile}"
         f"{f' | float8 {recipe.train.float8}' if recipe.train.float8 else ''}\n"
-        f"{layout_words(plan)} x "
+        f"{layout_words(plan)}{_context_head(plan)} x "
         f"{_gib(plan.gpu_memory_bytes)} GiB ({source})"
     )
     moment = plan.peak_moment

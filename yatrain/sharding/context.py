@@ -27,6 +27,11 @@ import torch.distributed as dist
 from yatrain.sharding.comm import Communicator
 from yatrain.sharding.groups import make_communicator
 
+# The budget of the one additive causal mask a CPU rank's CP attention shares between its
+# query pieces (``train.gathered_attention``): 8 MiB in fp32, whatever the window (the
+# planner counts it)
+MASK_ELEMENTS = 2**21
+
 
 class ContextGroup:
     """The ranks that share one sequence: which chunks this rank holds, and the collectives

@@ -28,6 +28,7 @@ class SweepConfig:
     micro_batch_size: int
     overrides: list[str]
     predicted_peak_bytes: int
+    context_parallel: int = 1  # ranks sharing each window (sharding.context_parallel)
 
 
 def base_recipe(recipe_path: Path, overrides: list[str]) -> tuple[Recipe, int]:
@@ -39,7 +40,7 @@ def base_recipe(recipe_path: Path, overrides: list[str]) -> tuple[Recipe, int]:
     return load_recipe(recipe_path, [*overrides, raised]), probe.model.max_seq_len
 
 
-def _batch_for(seq: int, base_seq: int, gbs: int, micro: int, world: int, keep_seqs: bool):
+def batch_for(seq: int, base_seq: int, gbs: int, micro: int, world: int, keep_seqs: bool):
     """(global batch, micro-batch) in sequences for ``seq``: same tokens per step as the recipe
     unless ``keep_seqs``; the micro-batch shrinks only when the batch no longer holds it."""
     if not keep_seqs:
@@ -77,50 +78,69 @@ def expand_configs(
     steps: int,
     world: int,
     keep_seqs: bool,
+    context_parallel: list[int] | None = None,
 ) -> list[SweepConfig]:
-    """Every (sequence length, checkpoint setting) pair, validated before anything runs."""
+    """Every (sequence length, CP size, checkpoint setting), validated before anything
+    runs; ``context_parallel``: the CP axis (default: the recipe's own, not in names)."""
     base, max_seq_len = base_recipe(recipe_path, overrides)
     for setting in checkpoints:
         _check_setting(setting, base.model.n_layers)
-    device = local_device()
     configs = []
     for seq in seq_lens:
-        gbs, micro = _batch_for(
-            seq,
-            base.data.seq_len,
-            base.data.global_batch_size,
-            base.data.micro_batch_size,
-            world,
-            keep_seqs,
-        )
-        for setting in checkpoints:
+        for cp in context_parallel or [None]:
+            d = base.data
+            ranks = world // (cp or base.sharding.context_parallel) or 1
+            gbs, micro = batch_for(
+                seq, d.seq_len, d.global_batch_size, d.micro_batch_size, ranks, keep_seqs
+            )
             sets = [
                 *overrides,
                 f"data.seq_len={seq}",
                 f"data.global_batch_size={gbs}",
                 f"data.micro_batch_size={micro}",
-                f"sharding.activation_checkpoint_layers={setting}",
-                f"train.steps={steps}",
-                "train.log_every=1",
-                "checkpoint.dir=checkpoints",
-                "checkpoint.enabled=false",
-                "eval.every=0",
-                "eval.at_end=false",
+                *([f"sharding.context_parallel={cp}"] if cp else []),
             ]
             if seq > max_seq_len:  # rotary positions: no learned table to outgrow
                 sets.append(f"model.max_seq_len={seq}")
-            recipe = load_recipe(recipe_path, sets)
-            layers = (
-                resolve_auto_checkpoint_layers(recipe, world, device)[0]
-                if setting == "auto"
-                else int(setting)
-            )
-            plan = plan_for_layers(recipe, world, layers)
-            name = f"seq{seq}-ckpt{setting}"
-            configs.append(
-                SweepConfig(name, seq, setting, layers, gbs, micro, sets, plan.tensor_peak_bytes)
-            )
+            for setting in checkpoints:
+                name = f"seq{seq}{f'-cp{cp}' if cp else ''}-ckpt{setting}"
+                configs.append(_config(recipe_path, name, sets, setting, steps, world))
     return configs
+
+
+def _config(
+    recipe_path: Path, name: str, sets: list[str], setting: str, steps: int, world: int
+) -> SweepConfig:
+    """One configuration: the run's overrides, ``auto`` resolved, the planner's peak."""
+    sets = [
+        *sets,
+        f"sharding.activation_checkpoint_layers={setting}",
+        f"train.steps={steps}",
+        "train.log_every=1",
+        "checkpoint.dir=checkpoints",
+        "checkpoint.enabled=false",
+        "eval.every=0",
+        "eval.at_end=false",
+    ]
+    recipe = load_recipe(recipe_path, sets)
+    layers = (
+        resolve_auto_checkpoint_layers(recipe, world, local_device())[0]
+        if setting == "auto"
+        else int(setting)
+    )
+    plan = plan_for_layers(recipe, world, layers)
+    d = recipe.data
+    return SweepConfig(
+        name,
+        d.seq_len,
+        setting,
+        layers,
+        d.global_batch_size,
+        d.micro_batch_size,
+        sets,
+        plan.tensor_peak_bytes,
+        recipe.sharding.context_parallel,
+    )
 
 
 def sweep_dir_name(recipe_path: Path, stamp: str) -> Path:

@@ -11,14 +11,21 @@ from yatrain.files import replacing
 from yatrain.sweep.report import size_unit
 
 
+def series(row: dict) -> str:
+    """A row's line in the plots: its checkpoint setting, and its CP size when not 1."""
+    cp = row.get("context_parallel", 1)
+    return f"checkpoint {row['checkpoint']}" + (f", CP {cp}" if cp != 1 else "")
+
+
 def _panel(ax, kind: str, rows: list[dict], unit: str) -> None:
-    """One plot against sequence length (log 2 axis), one colour per checkpoint setting."""
+    """One plot against sequence length (log 2 axis), one colour per checkpoint setting
+    (and CP size)."""
     from matplotlib.ticker import ScalarFormatter
 
     scale = GIB if unit == "GiB" else MIB
-    for i, setting in enumerate(dict.fromkeys(r["checkpoint"] for r in rows)):
-        color, label = f"C{i}", f"checkpoint {setting}"
-        mine = sorted((r for r in rows if r["checkpoint"] == setting), key=lambda r: r["seq_len"])
+    for i, setting in enumerate(dict.fromkeys(series(r) for r in rows)):
+        color, label = f"C{i}", setting
+        mine = sorted((r for r in rows if series(r) == setting), key=lambda r: r["seq_len"])
         ok = [r for r in mine if r["status"] == "ok"]
         oom = [r for r in mine if r["status"] == "oom"]
         if kind == "throughput":

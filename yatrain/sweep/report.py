@@ -17,6 +17,7 @@ from yatrain.output.wandb_logger import WandbLogger
 COLUMNS = [
     "name",
     "seq_len",
+    "context_parallel",
     "checkpoint",
     "activation_checkpoint_layers",
     "global_batch_size",
@@ -59,6 +60,7 @@ def format_table(rows: list[dict]) -> str:
     head = [
         "config",
         "seq",
+        "CP",
         "ckpt",
         "tok/s/dev",
         "TFLOP/s",
@@ -76,6 +78,7 @@ def format_table(rows: list[dict]) -> str:
             [
                 r["name"],
                 str(r["seq_len"]),
+                str(r.get("context_parallel", 1)),
                 f"{r['activation_checkpoint_layers']} ({r['checkpoint']})",
                 f"{r['tokens_per_s_per_device']:,.0f}" if ok else "-",
                 f"{r['tflops_per_device']:.3g}" if ok else "-",

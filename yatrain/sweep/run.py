@@ -112,6 +112,7 @@ def run_config(
     row = {
         "name": config.name,
         "seq_len": config.seq_len,
+        "context_parallel": config.context_parallel,
         "checkpoint": config.checkpoint,
         "activation_checkpoint_layers": config.layers,
         "global_batch_size": config.global_batch_size,

@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from yatrain.models.llama import document_causal_mask
-from yatrain.sharding.context import ContextGroup
+from yatrain.sharding.context import MASK_ELEMENTS, ContextGroup
 
-MASK_ELEMENTS = 2**21  # the shared causal mask's budget: 8 MiB in fp32
 Piece = tuple[int, int, int]  # local query rows [first, last) against window keys [0, stop)
 
 
