@@ -5,21 +5,18 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from yatrain.cli.app import app
-from yatrain.common import GIB, dumps_json
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
-from yatrain.output.html_report import write_report
-from yatrain.plan import format_plan, memory_limit, plan_memory
-from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
-from yatrain.runtime.launch import Launch, launch
-from yatrain.sweep import run_sweep
-from yatrain.topology import shard_group_size, validate_world_size
-from yatrain.train.loop import pretrain as run_pretrain
-from yatrain.train.setup import Checks
+
+if TYPE_CHECKING:
+    from yatrain.runtime.launch import Launch
+
+# The library (torch and all) is imported inside each command, so that --help, a mistyped
+# command or a bad flag answer at once (tests/integration/test_cli_start.py).
 
 MAX_GPUS = 2**20  # a plan for more GPUs than any job has ever had is a typo
 MAX_GIB = 2**20  # GiB per GPU (a PiB): a larger memory is a typo
@@ -95,6 +92,11 @@ def pretrain(
     oversubscribe: bool = OVERSUBSCRIBE,
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
+    from yatrain.config import load_recipe
+    from yatrain.runtime.launch import Launch, launch
+    from yatrain.train.loop import pretrain as run_pretrain
+    from yatrain.train.setup import Checks
+
     if nproc_per_node is not None:  # the launcher: the ranks run this command without it
         rdzv = (rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout)
         job = Launch(nproc_per_node, nnodes, *rdzv, oversubscribe)
@@ -116,6 +118,9 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
     """The flags, the recipe, and the recipe against the job's world sizes (the batch
     divides, the shard group divides): one line here, before any rank starts, not one per
     rank per restart."""
+    from yatrain.config import load_recipe
+    from yatrain.topology import shard_group_size, validate_world_size
+
     job.check()
     loaded = load_recipe(recipe, overrides)
     for world in sorted(set(job.world_sizes())):
@@ -162,6 +167,11 @@ def plan(
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding)."""
+    from yatrain.common import GIB, dumps_json
+    from yatrain.config import load_recipe
+    from yatrain.plan import format_plan, memory_limit, plan_memory
+    from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
+
     for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{flag} {value}: give a number of GiB")
@@ -236,6 +246,8 @@ def sweep(
     ),
 ) -> None:
     """Measure throughput and memory across sequence lengths and checkpoint settings."""
+    from yatrain.sweep import run_sweep
+
     lengths = _lengths(seq_len)
     settings = (
         _comma_list(checkpoint_layers, "--activation-checkpoint-layers")
@@ -276,6 +288,8 @@ def report(
     ),
 ) -> None:
     """Chart one run, or several side by side: PNGs and one self-contained HTML file."""
+    from yatrain.output.html_report import write_report
+
     out_dir = output or (run_dirs[0] / "report" if len(run_dirs) == 1 else Path("report"))
     path = write_report(run_dirs, out_dir)
     typer.echo(f"wrote {path} (open it in a browser; no network needed) and its PNGs", err=True)
