@@ -162,7 +162,12 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.activation_checkpoint_layers = activation_checkpoint_layers  # first N layers
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # Its table given, not drawn: torch's normal_ on the meta device imports dynamo and
+        # inductor (110 modules, ~30 MiB per rank) for an init that init_weights_ replaces.
+        table = torch.empty(cfg.vocab_size, cfg.dim)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=table)
+        if not table.is_meta:
+            nn.init.normal_(self.tok_embeddings.weight)  # nn.Embedding's own default
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = OutputHead(cfg.dim, cfg.vocab_size, loss_chunk_tokens)
