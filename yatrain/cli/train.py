@@ -92,7 +92,7 @@ def pretrain(
     oversubscribe: bool = OVERSUBSCRIBE,
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
-    from yatrain.config import load_recipe
+    from yatrain.recipe_load import load_recipe
     from yatrain.runtime.launch import Launch, launch
     from yatrain.train.loop import pretrain as run_pretrain
     from yatrain.train.setup import Checks
@@ -118,7 +118,7 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
     """The flags, the recipe, and the recipe against the job's world sizes (the batch
     divides, the shard group divides): one line here, before any rank starts, not one per
     rank per restart."""
-    from yatrain.config import load_recipe
+    from yatrain.recipe_load import load_recipe
     from yatrain.topology import shard_group_size, validate_world_size
 
     job.check()
@@ -168,9 +168,9 @@ def plan(
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding)."""
     from yatrain.common import GIB, dumps_json
-    from yatrain.config import load_recipe
     from yatrain.plan import format_plan, memory_limit, plan_memory
     from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
+    from yatrain.recipe_load import load_recipe
 
     for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
         if value is not None and not math.isfinite(value):
