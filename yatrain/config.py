@@ -111,7 +111,7 @@ class TrainConfig:
     # Trace N steps (after 2) with torch.profiler into RUN_DIR/profile/; 0 = off.
     profile: int = _limit(0, ge=0)
     # torch.compile each decoder layer's forward (the engine's gathers and reductions stay
-    # eager around it); the first step pays the compile (train/compile.py, README: Compile).
+    # eager around it); the first step pays the compile (docs/compile_and_float8.md)
     compile: bool = False
     # The torch.compile backend: inductor generates kernels (C++ on CPU, Triton on GPUs);
     # aot_eager traces the same graphs with the same guards but runs eager kernels (debugging).
@@ -194,7 +194,7 @@ class CheckpointConfig:
 @dataclass(kw_only=True)
 class EvalConfig:
     """Held-out loss during training: the first ``batches`` global batches of windows of the
-    held-out stream, in order, every ``every`` steps (README: Evaluation)."""
+    held-out stream, in order, every ``every`` steps (docs/evaluation.md)."""
 
     every: int = _limit(0, ge=0)  # evaluate every N steps; 0 = never during the run
     batches: int = _limit(8, ge=1)  # global batches (x data.global_batch_size windows) per eval
