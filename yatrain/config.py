@@ -8,17 +8,14 @@ drive the type checks (``schema.build_dataclass``), and ``_limit`` gives the all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import yaml
 
-from yatrain.errors import ConfigError
-from yatrain.recipe_checks import check_shapes
-from yatrain.schema import build_dataclass, to_dict
 from yatrain.schema import limit as _limit
+from yatrain.schema import to_dict
 
 LOSS_CHUNK_TOKENS = 512  # train.loss_chunk_tokens: 0.37 GiB of bf16-run logits at 128K vocab
 
@@ -114,7 +111,7 @@ class TrainConfig:
     # Trace N steps (after 2) with torch.profiler into RUN_DIR/profile/; 0 = off.
     profile: int = _limit(0, ge=0)
     # torch.compile each decoder layer's forward (the engine's gathers and reductions stay
-    # eager around it); the first step pays the compile (train/compile.py, README: Compile).
+    # eager around it); the first step pays the compile (docs/compile_and_float8.md)
     compile: bool = False
     # The torch.compile backend: inductor generates kernels (C++ on CPU, Triton on GPUs);
     # aot_eager traces the same graphs with the same guards but runs eager kernels (debugging).
@@ -197,7 +194,7 @@ class CheckpointConfig:
 @dataclass(kw_only=True)
 class EvalConfig:
     """Held-out loss during training: the first ``batches`` global batches of windows of the
-    held-out stream, in order, every ``every`` steps (README: Evaluation)."""
+    held-out stream, in order, every ``every`` steps (docs/evaluation.md)."""
 
     every: int = _limit(0, ge=0)  # evaluate every N steps; 0 = never during the run
     batches: int = _limit(8, ge=1)  # global batches (x data.global_batch_size windows) per eval
@@ -237,85 +234,6 @@ class Recipe:
 
 
 # ----------------------------------------------------------------------------- loading
-
-
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
-    """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"recipe file '{path}' not found; pass the path of a YAML recipe "
-            "such as recipes/tiny.yaml"
-        )
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
-            "save the recipe as UTF-8"
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a recipe; fix the file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax there") from e
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{path}: the recipe must be a YAML mapping of sections "
-            f"(model:, data:, ...), got a {type(raw).__name__}"
-        )
-    for item in overrides:
-        _apply_override(raw, item)
-    try:
-        return recipe_from_dict(raw)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: a value is nested too deeply; fix it") from None
-
-
-def _apply_override(d: dict, item: str) -> None:
-    """Set ``a.b.c=value`` in the nested dict d; value is parsed as YAML (so 2 is an int)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(
-            f"malformed override '{item}'; write --set dotted.key=value, "
-            "e.g. --set model.n_layers=2"
-        )
-    try:
-        value = yaml.safe_load(text)
-    except RecursionError:
-        raise ConfigError(f"override '{key}': its value is nested too deeply; fix it") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(
-            f"override '{item}': value '{text}' is not valid YAML; quote it or fix it"
-        ) from e
-    *parents, leaf = key.split(".")
-    node = d
-    for i, part in enumerate(parents):
-        child = node.setdefault(part, {})
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            dotted = ".".join(parents[: i + 1])
-            raise ConfigError(
-                f"override '{item}': '{dotted}' is a value, not a section; "
-                f"set '{dotted}=...' instead"
-            )
-        node = child
-    node[leaf] = value
-
-
-def recipe_from_dict(d: dict) -> Recipe:
-    """Build a validated Recipe from plain nested dicts (as parsed from YAML)."""
-    recipe = build_dataclass(Recipe, d)
-    check_shapes(recipe)
-    return recipe
 
 
 def recipe_to_dict(r: Recipe) -> dict:

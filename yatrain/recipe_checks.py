@@ -8,12 +8,9 @@ naming the keys and the fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from yatrain.config import DataConfig, Recipe
 from yatrain.errors import ConfigError
-
-if TYPE_CHECKING:  # the schema imports these checks; types only, no cycle at run time
-    from yatrain.config import DataConfig, Recipe
 
 
 def check_shapes(r: Recipe) -> None:

@@ -18,11 +18,11 @@ from conftest import FAST, ROOT
 from distributed import run_ranks
 from engine_reference import CFG, batches, engine_for, max_rel, optimizer_for, train_sharded
 
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
+from yatrain.recipe_load import load_recipe
 from yatrain.train import loop
 from yatrain.train.compile import check_backend, compile_layers
 from yatrain.train.loop import pretrain

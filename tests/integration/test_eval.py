@@ -12,7 +12,6 @@ import pytest
 from conftest import FAST, ROOT
 from distributed import run_ranks
 
-from yatrain.config import load_recipe
 from yatrain.data import TokenShards, load_tokenizer, prepare_data
 from yatrain.data.heldout import IGNORE_INDEX, EvalWindows, open_held_out
 from yatrain.data.split import held_out
@@ -20,6 +19,7 @@ from yatrain.errors import ConfigError, DataError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.output.console import log_line, run_summary
 from yatrain.output.record import MetricsRecord
+from yatrain.recipe_load import load_recipe
 from yatrain.train.loop import pretrain
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]

@@ -26,11 +26,11 @@ from torchao.float8.float8_linear import Float8Linear
 from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
 from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
 
-from yatrain.config import load_recipe
 from yatrain.models.float8 import FP8, Float8Error, apply_float8, check_float8, load_torchao
 from yatrain.models.llama import build_model
 from yatrain.plan.memory import engine_layout, plan_memory
 from yatrain.plan.report import format_plan
+from yatrain.recipe_load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step

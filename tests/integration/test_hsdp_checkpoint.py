@@ -19,8 +19,8 @@ from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
 )
 
 from yatrain.checkpoint import store as ckpt
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
+from yatrain.recipe_load import load_recipe
 from yatrain.topology import shard_group_size
 
 HYBRID = ("sharding.shard_group_size=2",)

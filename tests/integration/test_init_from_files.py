@@ -19,10 +19,10 @@ from safetensors.torch import save_file
 
 from yatrain.checkpoint import store as ckpt
 from yatrain.checkpoint.init_from import init_from_source
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.models import hf
 from yatrain.models.llama import build_model, materialize
+from yatrain.recipe_load import load_recipe
 from yatrain.sharding import ShardedEngine
 
 WEIGHTS = "model.safetensors"

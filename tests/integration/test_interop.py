@@ -14,13 +14,13 @@ from safetensors.torch import load_file
 
 from yatrain.checkpoint.hf_export import export_hf, iter_checkpoint_weights
 from yatrain.checkpoint.init_from import init_from_source
-from yatrain.config import load_recipe
 from yatrain.data import TokenShards
 from yatrain.errors import ConfigError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.generate import Sampling
 from yatrain.models.llama import build_model
+from yatrain.recipe_load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.train.loop import pretrain
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import FAST, ROOT
 
-from yatrain.config import load_recipe
 from yatrain.models.llama import flops_per_token
+from yatrain.recipe_load import load_recipe
 from yatrain.train import metrics
 from yatrain.train.loop import pretrain
 

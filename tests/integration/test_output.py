@@ -10,9 +10,9 @@ import pytest
 from conftest import FAST, ROOT
 from test_failures import pretrain_args, yatrain
 
-from yatrain.config import load_recipe
 from yatrain.output import wandb_logger
 from yatrain.output.record import read_metrics
+from yatrain.recipe_load import load_recipe
 from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain
 

@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from yatrain.cli import app
 from yatrain.common import DTYPES, GIB
-from yatrain.config import load_recipe, recipe_from_dict
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
 from yatrain.plan import (
@@ -26,6 +25,7 @@ from yatrain.plan import (
     plan_memory,
     resolve_auto_checkpoint_layers,
 )
+from yatrain.recipe_load import load_recipe, recipe_from_dict
 from yatrain.sharding import ShardedEngine, hybrid_mesh
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step

@@ -10,9 +10,9 @@ import pytest
 from conftest import FAST, ROOT
 from test_failures import one_line_error, yatrain
 
-from yatrain.config import load_recipe
 from yatrain.output.charts import LINES
 from yatrain.output.html_report import write_report
+from yatrain.recipe_load import load_recipe
 from yatrain.train.loop import pretrain
 
 CHARTS = [stem for stem, *_ in LINES] + ["step_time"]

@@ -9,9 +9,9 @@ import pytest
 from conftest import FAST, ROOT
 from distributed import run_ranks
 
-from yatrain.config import load_recipe
 from yatrain.output.console import BREAKDOWN
 from yatrain.output.record import read_metrics
+from yatrain.recipe_load import load_recipe
 from yatrain.sharding import comm
 from yatrain.train.loop import pretrain
 

@@ -8,10 +8,10 @@ import importlib.util
 import pytest
 from conftest import FAST, ROOT
 
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.output import tensorboard_logger
 from yatrain.output.record import read_metrics
+from yatrain.recipe_load import load_recipe
 from yatrain.train.loop import pretrain
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")

@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import FAST, ROOT
 
-from yatrain.config import load_recipe
 from yatrain.data.loader import GlobalBatchLoader
 from yatrain.errors import ConfigError, TrainingError
 from yatrain.models import hf
+from yatrain.recipe_load import load_recipe
 from yatrain.train.guard import StepGuard
 from yatrain.train.loggers import Console
 from yatrain.train.loop import pretrain

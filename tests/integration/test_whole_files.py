@@ -14,10 +14,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from yatrain.checkpoint.manifest import CheckpointError
 from yatrain.checkpoint.store import PendingSave, save_failure
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
 from yatrain.output.html_report import write_report
 from yatrain.output.record import MetricsFile, read_metrics
+from yatrain.recipe_load import load_recipe
 from yatrain.sweep import run as sweep_run
 from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain

@@ -14,7 +14,6 @@ import tiktoken
 from tokenizer_fixtures import META_PATTERN, sample_texts, write_hf, write_tiktoken
 from tokenizers import Tokenizer as HFBackend
 
-from yatrain.config import load_recipe
 from yatrain.data import (
     TokenShards,
     export_tokenizer,
@@ -27,6 +26,7 @@ from yatrain.data.tokenizer_formats import detect_kind
 from yatrain.data.tokenizer_tiktoken import special_tokens, split_for_encoding
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe_checks import check_vocab
+from yatrain.recipe_load import load_recipe
 
 TRICKY = [
     "",

@@ -36,11 +36,11 @@ import types
 from pathlib import Path
 
 from yatrain.bench.measure import load_average, table, verdict
-from yatrain.config import load_recipe
 from yatrain.data import default_corpus_files, prepare_data
 from yatrain.harness.ranks import run_ranks
 from yatrain.output import console as report
 from yatrain.output.record import read_metrics
+from yatrain.recipe_load import load_recipe
 from yatrain.runtime import hang
 from yatrain.sharding import comm, timing
 from yatrain.train import stragglers

@@ -29,9 +29,10 @@ import torch
 from yatrain.bench.measure import hwm_bytes, reset_hwm, rss_bytes, table, trim_heap, verdict
 from yatrain.bench.traffic import CommCounter
 from yatrain.common import format_bytes
-from yatrain.config import Recipe, load_recipe
+from yatrain.config import Recipe
 from yatrain.harness.ranks import run_ranks
 from yatrain.plan import LiveTensorTracker
+from yatrain.recipe_load import load_recipe
 from yatrain.runtime.process import Runtime
 from yatrain.train.build import build_model_and_engine
 from yatrain.train.context import ContextParallel

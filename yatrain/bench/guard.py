@@ -18,7 +18,7 @@ import time
 import torch
 
 from yatrain.bench.measure import load_average, median
-from yatrain.config import load_recipe
+from yatrain.recipe_load import load_recipe
 from yatrain.runtime.process import init_runtime
 from yatrain.train.build import build_model_and_engine
 from yatrain.train.guard import StepGuard

@@ -7,7 +7,8 @@ instead. Anything else is a bug and keeps its traceback.
 
 Each command lives in the module of its concept (``data``, ``train``, ``checkpoints``) and
 registers itself on the one Typer ``app`` (``app.py``); importing them here builds the
-command, in the order ``--help`` lists them.
+command, in the order ``--help`` lists them. They import the library (and torch) inside each
+command, so ``--help``, a mistyped command or a bad flag answer without torch.
 """
 
 from __future__ import annotations

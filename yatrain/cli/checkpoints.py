@@ -8,13 +8,10 @@ from pathlib import Path
 
 import typer
 
-from yatrain.checkpoint.hf_export import export_hf
 from yatrain.cli.app import app, interrupt
-from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
-from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
-from yatrain.inference.generate_text import generate_text
-from yatrain.models.generate import Sampling
+
+# The library (torch and all) is imported inside each command: --help answers at once.
 
 
 @app.command(
@@ -42,6 +39,8 @@ def export(
         raise ConfigError(f"--format {format}: the only export format is hf")
     if dtype not in (None, "fp32", "bf16"):
         raise ConfigError(f"--dtype {dtype}: choose fp32 or bf16")
+    from yatrain.checkpoint.hf_export import export_hf
+
     signal.signal(signal.SIGTERM, interrupt)  # a killed export removes its partial output
     export_hf(checkpoint, output, dtype, verify=verify)
     typer.echo(f"wrote {output} (Hugging Face Llama, load with LlamaForCausalLM.from_pretrained)")
@@ -73,6 +72,9 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """Held-out loss of a checkpoint, as its run logged it (one process or torchrun)."""
+    from yatrain.common import dumps_json
+    from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
+
     result = evaluate_checkpoint(
         checkpoint, data=data, batches=batches, say=lambda line: typer.echo(line, err=True)
     )
@@ -114,6 +116,10 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """Continue a prompt with a checkpoint (one process: the CPU or one GPU, KV cache)."""
+    from yatrain.common import dumps_json
+    from yatrain.inference.generate_text import generate_text
+    from yatrain.models.generate import Sampling
+
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     result = generate_text(
         checkpoint, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed

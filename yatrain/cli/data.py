@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from yatrain.cli.app import app, interrupt
-from yatrain.data import prepare_data as run_prepare_data
 from yatrain.data.split import DEFAULT_VAL_FRACTION
 
 
@@ -63,6 +62,8 @@ def prepare_data(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Tokenize documents into checksummed shards (the default corpus needs no download)."""
+    from yatrain.data.prepare import prepare_data as run_prepare_data  # torch: when run
+
     signal.signal(signal.SIGTERM, interrupt)  # a killed run ends its workers, leaves nothing
     manifest = run_prepare_data(
         output,

@@ -5,21 +5,18 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from yatrain.cli.app import app
-from yatrain.common import GIB, dumps_json
-from yatrain.config import load_recipe
 from yatrain.errors import ConfigError
-from yatrain.output.html_report import write_report
-from yatrain.plan import format_plan, memory_limit, plan_memory
-from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
-from yatrain.runtime.launch import Launch, launch
-from yatrain.sweep import plan_sweep, run_sweep
-from yatrain.topology import shard_group_size, validate_world_size
-from yatrain.train.loop import pretrain as run_pretrain
-from yatrain.train.setup import Checks
+
+if TYPE_CHECKING:
+    from yatrain.runtime.launch import Launch
+
+# The library (torch and all) is imported inside each command, so that --help, a mistyped
+# command or a bad flag answer at once (tests/integration/test_cli_start.py).
 
 MAX_GPUS = 2**20  # a plan for more GPUs than any job has ever had is a typo
 MAX_GIB = 2**20  # GiB per GPU (a PiB): a larger memory is a typo
@@ -95,6 +92,11 @@ def pretrain(
     oversubscribe: bool = OVERSUBSCRIBE,
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
+    from yatrain.recipe_load import load_recipe
+    from yatrain.runtime.launch import Launch, launch
+    from yatrain.train.loop import pretrain as run_pretrain
+    from yatrain.train.setup import Checks
+
     if nproc_per_node is not None:  # the launcher: the ranks run this command without it
         rdzv = (rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout)
         job = Launch(nproc_per_node, nnodes, *rdzv, oversubscribe)
@@ -116,6 +118,9 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
     """The flags, the recipe, and the recipe against the job's world sizes (the batch
     divides, the shard group divides): one line here, before any rank starts, not one per
     rank per restart."""
+    from yatrain.recipe_load import load_recipe
+    from yatrain.topology import shard_group_size, validate_world_size
+
     job.check()
     loaded = load_recipe(recipe, overrides)
     for world in sorted(set(job.world_sizes())):
@@ -171,6 +176,11 @@ def plan(
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding). A sequence that fits no GPU
     count is named the smallest context-parallel size that fits."""
+    from yatrain.common import GIB, dumps_json
+    from yatrain.plan import format_plan, memory_limit, plan_memory
+    from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
+    from yatrain.recipe_load import load_recipe
+
     for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{flag} {value}: give a number of GiB")
@@ -271,14 +281,23 @@ def sweep(
 ) -> None:
     """Measure throughput and memory across sequence lengths, checkpoint settings and CP
     sizes; or, with --plan-only, tabulate the planner's figures without training."""
+    from yatrain.recipe_load import load_recipe
+    from yatrain.sweep import plan_sweep, run_sweep
+
     lengths = _lengths(seq_len)
     sizes = _lengths(context_parallel, "--context-parallel") if context_parallel else []
     if plan_only:
         sizes = sizes or [load_recipe(recipe, overrides).sharding.context_parallel]
         planned = plan_sweep(
-            recipe, lengths, sizes, gpus or nproc_per_node, gpu_memory_gib=gpu_memory,
-            output=output, keep_batch_sequences=keep_batch_sequences, overrides=overrides,
-        )  # fmt: skip
+            recipe,
+            lengths,
+            sizes,
+            gpus or nproc_per_node,
+            gpu_memory_gib=gpu_memory,
+            output=output,
+            keep_batch_sequences=keep_batch_sequences,
+            overrides=overrides,
+        )
         typer.echo(planned.table)
         typer.echo(f"wrote {planned.out_dir}: {', '.join(p.name for p in planned.files)}", err=True)
         return
@@ -316,6 +335,8 @@ def report(
     ),
 ) -> None:
     """Chart one run, or several side by side: PNGs and one self-contained HTML file."""
+    from yatrain.output.html_report import write_report
+
     out_dir = output or (run_dirs[0] / "report" if len(run_dirs) == 1 else Path("report"))
     path = write_report(run_dirs, out_dir)
     typer.echo(f"wrote {path} (open it in a browser; no network needed) and its PNGs", err=True)

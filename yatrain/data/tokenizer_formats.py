@@ -11,9 +11,6 @@ import re
 from pathlib import Path
 
 from yatrain.data.tokenizer import Tokenizer
-from yatrain.data.tokenizer_hf import HFTokenizer
-from yatrain.data.tokenizer_sentencepiece import SentencePieceTokenizer
-from yatrain.data.tokenizer_tiktoken import TiktokenTokenizer
 from yatrain.errors import DataError
 
 _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+={0,2} \d+\r?$")
@@ -55,8 +52,16 @@ def load_tokenizer(
             f"{file} is a {kind} model with fixed BOS/EOS tokens: --bos-token/--eos-token "
             "apply to a Hugging Face tokenizer.json only"
         )
+    # Each library is imported only when a file of its kind is opened (a run that reads
+    # tokenized shards of one kind never loads the other two).
     if kind == "hf":
+        from yatrain.data.tokenizer_hf import HFTokenizer
+
         return HFTokenizer(file, bos_token=bos_token, eos_token=eos_token)
     if kind == "tiktoken":
+        from yatrain.data.tokenizer_tiktoken import TiktokenTokenizer
+
         return TiktokenTokenizer(file)
+    from yatrain.data.tokenizer_sentencepiece import SentencePieceTokenizer
+
     return SentencePieceTokenizer(file)

@@ -162,12 +162,12 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.activation_checkpoint_layers = activation_checkpoint_layers  # first N layers
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        table = torch.empty(cfg.vocab_size, cfg.dim)  # init_weights_ draws it: no dynamo import
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=table)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = OutputHead(cfg.dim, cfg.vocab_size, loss_chunk_tokens)
-        # (seq_len, device) -> (cos, sin). A plain dict, not buffers: buffers would be moved,
-        # sharded or saved by whoever manages the parameters, and they are cheap to recompute.
+        # (seq_len, device) -> (cos, sin): a dict, not buffers (never moved, sharded or saved)
         self.rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self.tie_weights_()
         self._register_load_state_dict_pre_hook(self._tied_state)

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from yatrain.common import GIB, dumps_json
-from yatrain.config import load_recipe
 from yatrain.plan import plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device, memory_limit
+from yatrain.recipe_load import load_recipe
 from yatrain.sweep.configs import base_recipe, batch_for
 
 PLAN_COLUMNS = [

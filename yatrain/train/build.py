@@ -27,7 +27,6 @@ from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.sharding.sizes import staging_budget
 from yatrain.topology import shard_group_size
 from yatrain.train.checkpointer import verify_init_source
-from yatrain.train.compile import compile_layers
 
 Say = Callable[[str], None]
 
@@ -126,6 +125,8 @@ def build_model_and_engine(
     model = meta_model(recipe, runtime.world_size, runtime.device, layers=layers, say=say)
     engine = shard_model(model, recipe, runtime, init=init, verify=verify, say=say)
     if recipe.train.compile:
+        from yatrain.train.compile import compile_layers  # dynamo: only for a compiled run
+
         cp = recipe.sharding.context_parallel > 1  # attention's collectives stay eager
         compile_layers(model.layers, recipe.train.compile_backend, eager_attention=cp)
     return model, engine

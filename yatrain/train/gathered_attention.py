@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from yatrain.models.llama import document_causal_mask
 from yatrain.sharding.context import MASK_ELEMENTS, ContextGroup
@@ -91,6 +90,9 @@ class GatheredAttention:
                 for n, stop in shapes
             ]
         elif bias:
+            # imports torch._dynamo and inductor: only where a CUDA half-precision run uses it
+            from torch.nn.attention.bias import causal_lower_right
+
             self.masks = [causal_lower_right(n, stop) for n, stop in shapes]
         else:
             causal = torch.ones(rows, window, dtype=torch.bool, device=device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,7 +33,6 @@ from yatrain.sharding import ShardedEngine
 from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.build import build_model_and_engine, checkpoint_layers
 from yatrain.train.checkpointer import Checkpointer
-from yatrain.train.compile import CompileWatch, check_backend
 from yatrain.train.context import ContextParallel, data_rank
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.loggers import Loggers
@@ -40,6 +40,9 @@ from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock, check_fresh_start_allowed, check_run_dir, run_dir_for
+
+if TYPE_CHECKING:  # imported by a compiled run only (compile_watch)
+    from yatrain.train.compile import CompileWatch
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ def check_recipe(recipe: Recipe, runtime: Runtime, fit: bool, say: Callable[[str
     if fit:
         check_fit(recipe, runtime.world_size, runtime.device, layers)
     if recipe.train.compile:
+        from yatrain.train.compile import check_backend  # dynamo: only for a compiled run
+
         check_backend(recipe.train.compile_backend, runtime.device)
     check_float8(recipe.train.float8, runtime.device, recipe.model)
     return layers
@@ -192,6 +197,8 @@ def compile_watch(recipe: Recipe, run_dir: Path) -> CompileWatch | None:
     private per-user cache, never in the run directory (runtime/compile_cache.py)."""
     if not recipe.train.compile:
         return None
+    from yatrain.train.compile import CompileWatch  # dynamo: only for a compiled run
+
     cache = cache_for_run(recipe.train.compile_cache, run_dir)
     return CompileWatch(recipe.train.compile_backend, cache)
 

@@ -1,0 +1,131 @@
+"""The front page and the guides stay true: every relative link and #anchor in README.md and
+docs/*.md resolves (GitHub's heading slugs), every recipe key they name (``section.key`` in
+backticks) is in the schema, and every ``yatrain COMMAND`` they show is a command."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+
+from conftest import ROOT
+
+from yatrain.cli import app
+from yatrain.config import Recipe
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+# A command line: a code line or inline code that starts with it (after a "$ " prompt), or a
+# module run (python -m yatrain ..., torchrun ... -m yatrain ...).
+COMMAND = re.compile(r"(?:^[$ ]*|-m )yatrain ([a-z][a-z0-9-]*)", re.M)
+FILE_NAME = re.compile(r"\.(safetensors|json|jsonl|yaml|yml|bin|model|png|html|py|md|txt|pt)$")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    for line in FENCE.sub("", page.read_text()).splitlines():
+        if match := re.match(r"#{1,6} (.+)", line):
+            base = slug(match.group(1))
+            n = counts.get(base, 0)
+            counts[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def test_slugs_follow_github():
+    assert slug("Why is my run slow / stuck?") == "why-is-my-run-slow--stuck"
+    assert slug("`yatrain plan`") == "yatrain-plan"
+    assert slug("Continue pretraining Llama 3.1 8B on your data") == (
+        "continue-pretraining-llama-31-8b-on-your-data"
+    )
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            if not where.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and (where.suffix != ".md" or anchor not in anchors(where)):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
+
+
+def _schema_keys(cls: type, prefix: str = "") -> set[str]:
+    keys = set()
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = f"{prefix}{field.name}"
+        keys.add(key)
+        for kind in _dataclasses_in(hints[field.name]):
+            keys |= _schema_keys(kind, key + ".")
+    return keys
+
+
+def _dataclasses_in(hint: object) -> list[type]:
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return [hint]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType, list, tuple, dict):
+        return [k for arg in typing.get_args(hint) for k in _dataclasses_in(arg)]
+    return []
+
+
+def test_every_recipe_key_the_docs_name_exists():
+    keys = _schema_keys(Recipe)
+    sections = "|".join(f.name for f in dataclasses.fields(Recipe))
+    dotted = re.compile(rf"^(?:--set[= ])?((?:{sections})(?:\.[a-z_0-9]+)+)(?:[=:].*)?$")
+    unknown, checked = [], 0
+    for page in PAGES:
+        for code in INLINE_CODE.findall(FENCE.sub("", page.read_text())):
+            match = dotted.match(code.strip())
+            checked += match is not None
+            if not match or match.group(1) in keys or FILE_NAME.search(match.group(1)):
+                continue
+            module = ROOT / "yatrain" / match.group(1).replace(".", "/")
+            if module.with_suffix(".py").exists() or module.is_dir():
+                continue  # a module named by its dotted path (train.compile, data.split)
+            if _names_a_module_member(match.group(1)):
+                continue
+            unknown.append(f"{page.name}: `{code}`")
+    assert checked > 100  # the guides name many keys: the pattern finds them
+    assert unknown == []
+
+
+def _names_a_module_member(dotted: str) -> bool:
+    """``train.compile.compile_layers``: a name inside a module of the package."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ROOT / "yatrain" / "/".join(parts[:cut])
+        if module.with_suffix(".py").exists() or (module / "__init__.py").exists():
+            return True
+    return False
+
+
+def test_every_command_the_docs_show_exists():
+    commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+    unknown, shown = [], set()
+    for page in PAGES:
+        text = page.read_text()
+        code = [m.group(0) for m in FENCE.finditer(text)] + INLINE_CODE.findall(FENCE.sub("", text))
+        for snippet in code:
+            for command in COMMAND.findall(snippet):
+                shown.add(command)
+                if command not in commands:
+                    unknown.append(f"{page.name}: yatrain {command}")
+    assert shown >= {"pretrain", "prepare-data", "plan", "eval", "generate", "export", "sweep"}
+    assert unknown == []
