@@ -30,8 +30,9 @@ def logged_run(small_data, tmp_path_factory):
     """A 4-step run with a checkpoint at step 2 and 4 logged records."""
     run_dir = tmp_path_factory.mktemp("logged") / "run"
     overrides = [*FAST, f"data.path={small_data}", "checkpoint.every=2"]
-    pretrain(load_recipe(ROOT / "recipes/tiny.yaml", overrides), run_dir=run_dir, steps=4,
-             progress=False)  # fmt: skip
+    pretrain(
+        load_recipe(ROOT / "recipes/tiny.yaml", overrides), run_dir=run_dir, steps=4, progress=False
+    )
     return run_dir, overrides
 
 
@@ -42,9 +43,14 @@ def sweep(out_dir, data, monkeypatch):
     """``yatrain sweep`` of one configuration whose run must never start."""
     monkeypatch.setattr(sweep_run, "launch", lambda *a: pytest.fail("a configuration ran"))
     return run_sweep(
-        ROOT / "recipes/tiny.yaml", [32], ["0"], steps=3, output=out_dir,
-        overrides=[*TINY, f"data.path={data}", "logging.wandb.mode=disabled"], echo=lambda _: None,
-    )  # fmt: skip
+        ROOT / "recipes/tiny.yaml",
+        [32],
+        ["0"],
+        steps=3,
+        output=out_dir,
+        overrides=[*TINY, f"data.path={data}", "logging.wandb.mode=disabled"],
+        echo=lambda _: None,
+    )
 
 
 def test_sweep_output_holding_a_users_files_is_refused(small_data, tmp_path, monkeypatch):
@@ -133,8 +139,9 @@ def test_resume_over_unparsable_metrics_lines_says_so_and_continues(logged_run, 
         b'{"step": 5, "lo',
     ]
     (run_dir / "metrics.jsonl").write_bytes(b"".join(damaged))
-    pretrain(load_recipe(ROOT / "recipes/tiny.yaml", overrides), run_dir=run_dir, steps=6,
-             progress=False)  # fmt: skip
+    pretrain(
+        load_recipe(ROOT / "recipes/tiny.yaml", overrides), run_dir=run_dir, steps=6, progress=False
+    )
     said = capsys.readouterr().err
     assert "line 2 is not a metrics record (it is a JSON list, not an object)" in said
     assert "line 4 is not a metrics record (it is not UTF-8 text)" in said
@@ -153,8 +160,15 @@ def test_disk_full_inside_torch_save_is_named_with_what_it_needs(tmp_path):
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")  # noqa: B904
     except RuntimeError as zip_error:
         error = CheckpointException("save failed", {0: (zip_error, None)})
-    save = PendingSave(tmp_path, 4, tmp_path / ".tmp-step-4", {"unit_numels": [2**28]},
-                       keep=2, tokenizer_files=(), is_main=True)  # fmt: skip
+    save = PendingSave(
+        tmp_path,
+        4,
+        tmp_path / ".tmp-step-4",
+        {"unit_numels": [2**28]},
+        keep=2,
+        tokenizer_files=(),
+        is_main=True,
+    )
     line = save_failure(save, error)
     assert f"no space left on device at {tmp_path} (needs about 3.00 GiB)" in line
     assert "enforce fail" not in line and "\n" not in line
@@ -167,8 +181,12 @@ def test_a_checkpoint_save_onto_a_full_disk_says_so(small_data, tmp_path, monkey
     FullDisk(monkeypatch, run_dir / "checkpoints", room=200_000)
     overrides = [*FAST, f"data.path={small_data}", "checkpoint.every=2"]
     with pytest.raises(CheckpointError) as failed:
-        pretrain(load_recipe(ROOT / "recipes/tiny.yaml", overrides), run_dir=run_dir, steps=2,
-                 progress=False)  # fmt: skip
+        pretrain(
+            load_recipe(ROOT / "recipes/tiny.yaml", overrides),
+            run_dir=run_dir,
+            steps=2,
+            progress=False,
+        )
     line = str(failed.value)
     assert f"no space left on device at {run_dir / 'checkpoints'} (needs about" in line, line
     assert "unexpected pos" not in line and "\n" not in line

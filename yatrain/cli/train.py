@@ -10,36 +10,42 @@ from typing import TYPE_CHECKING
 import typer
 
 from yatrain.cli.app import app
+from yatrain.cli.launch_options import (
+    MAX_RESTARTS,
+    NNODES,
+    NPROC_PER_NODE,
+    OVERSUBSCRIBE,
+    RDZV_ENDPOINT,
+    RDZV_ID,
+    RDZV_TIMEOUT,
+    check_launch,
+)
+from yatrain.cli.sweep_options import (
+    SWEEP_CP,
+    SWEEP_GPU_MEMORY,
+    SWEEP_GPUS,
+    SWEEP_KEEP_BATCH,
+    SWEEP_OUTPUT,
+    SWEEP_PLAN_ONLY,
+    comma_list,
+    lengths_of,
+    plan_only_sweep,
+)
 from yatrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from yatrain.runtime.launch import Launch
+    pass
 
 # The library (torch and all) is imported inside each command, so that --help, a mistyped
 # command or a bad flag answer at once (tests/integration/test_cli_start.py).
 
 MAX_GPUS = 2**20  # a plan for more GPUs than any job has ever had is a typo
 MAX_GIB = 2**20  # GiB per GPU (a PiB): a larger memory is a typo
-
-# The launcher's options (torchrun's, and two of its own): see runtime/launch.py.
-NPROC_PER_NODE = typer.Option(
-    None, "--nproc-per-node", help="Start N ranks on this node (one per GPU), as torchrun."
-)
-NNODES = typer.Option("1", "--nnodes", help="Nodes of the job: N or MIN:MAX.")
-RDZV_ENDPOINT = typer.Option(
-    None, "--rdzv-endpoint", help="Several nodes: HOST:PORT where they meet."
-)
-RDZV_ID = typer.Option(
-    None, "--rdzv-id", help="Several nodes: the job's id, the same on every node."
-)
-MAX_RESTARTS = typer.Option(
-    0, "--max-restarts", help="Restart the ranks up to K times after a failure."
-)
-RDZV_TIMEOUT = typer.Option(
-    600, "--rdzv-timeout", help="Several nodes: seconds they wait for each other (at most)."
-)
-OVERSUBSCRIBE = typer.Option(
-    False, "--oversubscribe", help="On CPU, start more ranks than max(8, 2 x cores)."
+PLAN_CP = typer.Option(
+    None,
+    "--context-parallel",
+    min=1,
+    help="Cut each window over N GPUs (sharding.context_parallel).",
 )
 
 
@@ -114,20 +120,6 @@ def pretrain(
     )
 
 
-def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
-    """The flags, the recipe, and the recipe against the job's world sizes (the batch
-    divides, the shard group divides): one line here, before any rank starts, not one per
-    rank per restart."""
-    from yatrain.recipe_load import load_recipe
-    from yatrain.topology import shard_group_size, validate_world_size
-
-    job.check()
-    loaded = load_recipe(recipe, overrides)
-    for world in sorted(set(job.world_sizes())):
-        validate_world_size(loaded, world)
-        shard_group_size(loaded, world, job.nproc_per_node)
-
-
 @app.command(
     epilog=(
         "Examples:\n\n"
@@ -166,12 +158,7 @@ def plan(
         "--shard-group-size",
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
     ),
-    context_parallel: int | None = typer.Option(
-        None,
-        "--context-parallel",
-        min=1,
-        help="Cut each window over N GPUs (sharding.context_parallel).",
-    ),
+    context_parallel: int | None = PLAN_CP,
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding). A sequence that fits no GPU
@@ -184,12 +171,7 @@ def plan(
     for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{flag} {value}: give a number of GiB")
-    if context_parallel is not None:
-        overrides = [*overrides, f"sharding.context_parallel={context_parallel}"]
-    if shard_group_size is not None:
-        if not shard_group_size.isdigit() and shard_group_size != "auto":
-            raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
-        overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
+    overrides = _plan_overrides(overrides, context_parallel, shard_group_size)
     loaded = load_recipe(recipe, overrides)
     if loaded.sharding.shard_group_size == "auto":
         raise ConfigError(
@@ -206,36 +188,17 @@ def plan(
         typer.echo(format_plan(result, loaded, recipe, source))
 
 
-def _comma_list(text: str, flag: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise ConfigError(f"{flag}: give a comma-separated list, e.g. 2048,4096")
-    return items
-
-
-def _lengths(text: str, flag: str = "--seq-len") -> list[int]:
-    items = _comma_list(text, flag)
-    for item in items:
-        if not item.isdigit() or int(item) < 1:
-            raise ConfigError(f"{flag}: '{item}' is not a positive whole number")
-    return [int(item) for item in items]
-
-
-SWEEP_CP = typer.Option(
-    "", "--context-parallel", help="Comma-separated CP sizes, e.g. 1,2,4,8 (default: the recipe's)."
-)
-SWEEP_PLAN_ONLY = typer.Option(
-    False,
-    "--plan-only",
-    help="No training: the planner's table and plots (memory, checkpointed layers, CP, bytes "
-    "per step) for --gpus GPUs.",
-)
-SWEEP_GPUS = typer.Option(
-    None, "--gpus", min=1, help="With --plan-only: GPUs to plan for (default: --nproc-per-node)."
-)
-SWEEP_GPU_MEMORY = typer.Option(
-    None, "--gpu-memory", min=0.001, help="With --plan-only: GiB per GPU (default: 80)."
-)
+def _plan_overrides(
+    overrides: list[str], context_parallel: int | None, shard_group_size: str | None
+) -> list[str]:
+    """The recipe overrides ``--context-parallel`` and ``--shard-group-size`` stand for."""
+    if context_parallel is not None:
+        overrides = [*overrides, f"sharding.context_parallel={context_parallel}"]
+    if shard_group_size is not None:
+        if not shard_group_size.isdigit() and shard_group_size != "auto":
+            raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
+        overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
+    return overrides
 
 
 @app.command(
@@ -259,15 +222,8 @@ def sweep(
     ),
     steps: int = typer.Option(10, "--steps", min=1, help="Steps per configuration."),
     warmup: int = typer.Option(2, "--warmup", min=0, help="First steps left out of the figures."),
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        help="Sweep directory (default: runs/sweep-RECIPE-TIME); rerun with the same one to "
-        "resume.",
-    ),
-    keep_batch_sequences: bool = typer.Option(
-        False, "--keep-batch-sequences", help="Keep sequences per global batch, not tokens."
-    ),
+    output: Path | None = SWEEP_OUTPUT,
+    keep_batch_sequences: bool = SWEEP_KEEP_BATCH,
     nproc_per_node: int = typer.Option(
         1, "--nproc-per-node", min=1, help="Run each configuration under torchrun with N ranks."
     ),
@@ -281,38 +237,32 @@ def sweep(
 ) -> None:
     """Measure throughput and memory across sequence lengths, checkpoint settings and CP
     sizes; or, with --plan-only, tabulate the planner's figures without training."""
-    from yatrain.recipe_load import load_recipe
-    from yatrain.sweep import plan_sweep, run_sweep
+    from yatrain.sweep import run_sweep
 
-    lengths = _lengths(seq_len)
-    sizes = _lengths(context_parallel, "--context-parallel") if context_parallel else []
+    lengths = lengths_of(seq_len)
+    sizes = lengths_of(context_parallel, "--context-parallel") if context_parallel else []
     if plan_only:
-        sizes = sizes or [load_recipe(recipe, overrides).sharding.context_parallel]
-        planned = plan_sweep(
-            recipe,
-            lengths,
-            sizes,
-            gpus or nproc_per_node,
-            gpu_memory_gib=gpu_memory,
-            output=output,
-            keep_batch_sequences=keep_batch_sequences,
-            overrides=overrides,
-        )
-        typer.echo(planned.table)
-        typer.echo(f"wrote {planned.out_dir}: {', '.join(p.name for p in planned.files)}", err=True)
+        plan_args = (gpus or nproc_per_node, gpu_memory, output, keep_batch_sequences)
+        plan_only_sweep(recipe, lengths, sizes, *plan_args, overrides)
         return
     if gpus is not None or gpu_memory is not None:
         raise ConfigError("--gpus and --gpu-memory plan a sweep: pass --plan-only with them")
     settings = (
-        _comma_list(checkpoint_layers, "--activation-checkpoint-layers")
-        if checkpoint_layers
-        else []
+        comma_list(checkpoint_layers, "--activation-checkpoint-layers") if checkpoint_layers else []
     )
     result = run_sweep(
-        recipe, lengths, settings, steps=steps, warmup=warmup, output=output,
-        keep_batch_sequences=keep_batch_sequences, nproc_per_node=nproc_per_node,
-        overrides=overrides, echo=lambda line: typer.echo(line, err=True), context_parallel=sizes,
-    )  # fmt: skip
+        recipe,
+        lengths,
+        settings,
+        steps=steps,
+        warmup=warmup,
+        output=output,
+        keep_batch_sequences=keep_batch_sequences,
+        nproc_per_node=nproc_per_node,
+        overrides=overrides,
+        echo=lambda line: typer.echo(line, err=True),
+        context_parallel=sizes,
+    )
     typer.echo(result.table)
     files = ", ".join(p.name for p in result.files)
     typer.echo(f"wrote {result.out_dir}: {files} | wandb {result.wandb_mode}", err=True)

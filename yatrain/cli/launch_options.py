@@ -1,0 +1,47 @@
+"""``yatrain pretrain``'s launcher flags (torchrun's, and two of its own: see
+runtime/launch.py) and the checks a launch passes before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from yatrain.runtime.launch import Launch
+
+# The launcher's options (torchrun's, and two of its own): see runtime/launch.py.
+NPROC_PER_NODE = typer.Option(
+    None, "--nproc-per-node", help="Start N ranks on this node (one per GPU), as torchrun."
+)
+NNODES = typer.Option("1", "--nnodes", help="Nodes of the job: N or MIN:MAX.")
+RDZV_ENDPOINT = typer.Option(
+    None, "--rdzv-endpoint", help="Several nodes: HOST:PORT where they meet."
+)
+RDZV_ID = typer.Option(
+    None, "--rdzv-id", help="Several nodes: the job's id, the same on every node."
+)
+MAX_RESTARTS = typer.Option(
+    0, "--max-restarts", help="Restart the ranks up to K times after a failure."
+)
+RDZV_TIMEOUT = typer.Option(
+    600, "--rdzv-timeout", help="Several nodes: seconds they wait for each other (at most)."
+)
+OVERSUBSCRIBE = typer.Option(
+    False, "--oversubscribe", help="On CPU, start more ranks than max(8, 2 x cores)."
+)
+
+
+def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
+    """The flags, the recipe, and the recipe against the job's world sizes (the batch
+    divides, the shard group divides): one line here, before any rank starts, not one per
+    rank per restart."""
+    from yatrain.recipe_load import load_recipe
+    from yatrain.topology import shard_group_size, validate_world_size
+
+    job.check()
+    loaded = load_recipe(recipe, overrides)
+    for world in sorted(set(job.world_sizes())):
+        validate_world_size(loaded, world)
+        shard_group_size(loaded, world, job.nproc_per_node)

@@ -1,0 +1,79 @@
+"""``yatrain sweep``'s flags and their checks, and its ``--plan-only`` form (the planner's
+table and plots, no training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from yatrain.errors import ConfigError
+
+
+def comma_list(text: str, flag: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"{flag}: give a comma-separated list, e.g. 2048,4096")
+    return items
+
+
+def lengths_of(text: str, flag: str = "--seq-len") -> list[int]:
+    items = comma_list(text, flag)
+    for item in items:
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError(f"{flag}: '{item}' is not a positive whole number")
+    return [int(item) for item in items]
+
+
+SWEEP_OUTPUT = typer.Option(
+    None,
+    "--output",
+    help="Sweep directory (default: runs/sweep-RECIPE-TIME); rerun with the same one to resume.",
+)
+SWEEP_KEEP_BATCH = typer.Option(
+    False, "--keep-batch-sequences", help="Keep sequences per global batch, not tokens."
+)
+SWEEP_CP = typer.Option(
+    "", "--context-parallel", help="Comma-separated CP sizes, e.g. 1,2,4,8 (default: the recipe's)."
+)
+SWEEP_PLAN_ONLY = typer.Option(
+    False,
+    "--plan-only",
+    help="No training: the planner's table and plots (memory, checkpointed layers, CP, bytes "
+    "per step) for --gpus GPUs.",
+)
+SWEEP_GPUS = typer.Option(
+    None, "--gpus", min=1, help="With --plan-only: GPUs to plan for (default: --nproc-per-node)."
+)
+SWEEP_GPU_MEMORY = typer.Option(
+    None, "--gpu-memory", min=0.001, help="With --plan-only: GiB per GPU (default: 80)."
+)
+
+
+def plan_only_sweep(
+    recipe: Path,
+    lengths: list[int],
+    sizes: list[int],
+    gpus: int,
+    gpu_memory: float | None,
+    output: Path | None,
+    keep_batch_sequences: bool,
+    overrides: list[str],
+) -> None:
+    """``sweep --plan-only``: the planner's table and plots, no training."""
+    from yatrain.recipe_load import load_recipe
+    from yatrain.sweep import plan_sweep
+
+    sizes = sizes or [load_recipe(recipe, overrides).sharding.context_parallel]
+    planned = plan_sweep(
+        recipe,
+        lengths,
+        sizes,
+        gpus,
+        gpu_memory_gib=gpu_memory,
+        output=output,
+        keep_batch_sequences=keep_batch_sequences,
+        overrides=overrides,
+    )
+    typer.echo(planned.table)
+    typer.echo(f"wrote {planned.out_dir}: {', '.join(p.name for p in planned.files)}", err=True)
