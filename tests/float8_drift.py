@@ -2,6 +2,7 @@
 behind tests/integration/test_float8_run.py's bounds (issue 32).
 
     .venv/bin/python tests/float8_drift.py 30     # seeds 0-29, about 10 s each
+    .venv/bin/python tests/float8_drift.py 12 two-ranks   # test_float8.py's case
 
 Each seed draws the model's initial weights and the batches; on them a hybrid run (2
 replicas of shard groups of 2), a flat group of 4 and one process train 6 steps in
@@ -52,14 +53,35 @@ def drift(seed: int) -> dict[str, float]:
     return found
 
 
-def main(seeds: int) -> None:
+def two_ranks_drift(seed: int) -> dict[str, float]:
+    """tests/integration/test_float8.py's case: 2 ranks, two 2-sequence micro-batches each,
+    10 steps, against one process on the same micro-batches, tensorwise and rowwise."""
+    er.SEED = seed
+    gen = torch.Generator().manual_seed(1234 + seed)
+    start = torch.randint(0, er.CFG.vocab_size, (er.STEPS, GLOBAL_BATCH, 1), generator=gen)
+    strides = torch.randint(1, 4, (er.STEPS, GLOBAL_BATCH, er.SEQ), generator=gen)
+    data = torch.cat([start, start + strides.cumsum(-1)], dim=-1) % er.CFG.vocab_size
+    found = {}
+    for recipe in ("tensorwise", "rowwise"):
+        want = er.reference(data, 1.0, 0, recipe, piece=2)
+        args = (data, 2, 1.0, 1, "fp32", "fp32", 1, None, recipe)
+        losses, norms, weights = run_ranks(2, er.train_sharded, *args)[0]
+        found[f"{recipe} loss"] = er.max_rel(losses, want[0])
+        found[f"{recipe} norm"] = er.max_rel(norms, want[1])
+        found[f"{recipe} weights"] = er.weights_rel(weights, want[2])
+        found[f"{recipe} step-1 loss"] = er.max_rel(losses[:1], want[0][:1])
+        found[f"{recipe} step-1 norm"] = er.max_rel(norms[:1], want[1][:1])
+    return found
+
+
+def main(seeds: int, case: str = "hybrid") -> None:
     worst: dict[str, float] = {}
     for seed in range(seeds):
-        found = drift(seed)
+        found = two_ranks_drift(seed) if case == "two-ranks" else drift(seed)
         print(f"seed {seed}: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()), flush=True)
         worst = {k: max(v, worst.get(k, 0.0)) for k, v in found.items()}
     print("largest: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 30, *sys.argv[2:3])

@@ -35,6 +35,17 @@ from yatrain.sharding import ShardedEngine
 from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step
 
+# How far 10 steps of float8 on 2 ranks drift from one process on the same micro-batches.
+# Measured (`python tests/float8_drift.py 12 two-ranks`: 12 seeds of weights and batches,
+# 2026-12-05): step 1 within 2.1e-7 (the gradients differ only in summation order); after
+# it, in some seeds a last-bit difference grows until a value crosses an fp8 rounding
+# boundary (see tests/integration/test_float8_run.py's FLOAT8_DRIFT) and the runs differ
+# like two seeds of training: losses by up to 2.3e-3, gradient norms 1.4e-2, weights
+# 2.5e-2 (tensorwise; rowwise less). This test's own seed drifted 7.8e-4 in its losses on
+# this machine and stayed under 1e-5 on another. Bounds: 4x the largest drift measured;
+# exact at step 1.
+DRIFT = {"loss": 1e-2, "norm": 6e-2, "weights": 1e-1}
+
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_sharded_float8_matches_one_process_on_the_same_micro_batches(recipe):
@@ -42,9 +53,10 @@ def test_sharded_float8_matches_one_process_on_the_same_micro_batches(recipe):
     want = reference(data, 1.0, 0, recipe, piece=2)
     args = (data, 2, 1.0, 1, "fp32", "fp32", 1, None, recipe)  # 2-sequence micro-batches
     losses, norms, weights = run_ranks(2, train_sharded, *args)[0]
-    assert max_rel(losses, want[0]) < 1e-5
-    assert max_rel(norms, want[1]) < 2e-3
-    assert weights_rel(weights, want[2]) < 2e-3
+    assert max_rel(losses[:1], want[0][:1]) < 1e-6 and max_rel(norms[:1], want[1][:1]) < 1e-6
+    assert max_rel(losses, want[0]) < DRIFT["loss"]
+    assert max_rel(norms, want[1]) < DRIFT["norm"]
+    assert weights_rel(weights, want[2]) < DRIFT["weights"]
     assert losses[-1] < 0.7 * untrained(data)[0][-1]  # it trained
 
 
