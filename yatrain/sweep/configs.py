@@ -71,6 +71,34 @@ def _check_setting(setting: str, n_layers: int) -> None:
         )
 
 
+def shape_overrides(
+    base: Recipe,
+    max_seq_len: int,
+    seq: int,
+    cp: int | None,
+    world: int,
+    keep_seqs: bool,
+    overrides: list[str],
+) -> tuple[list[str], int, int]:
+    """(overrides, global batch, micro-batch) that put the recipe at sequence length ``seq``
+    and CP size ``cp`` (None: the recipe's, left unset) on ``world`` GPUs: the batch as the
+    sweep keeps it (``batch_for``), the rotary positions long enough."""
+    d = base.data
+    ranks = max(world // (cp or base.sharding.context_parallel), 1)
+    gbs, micro = batch_for(
+        seq, d.seq_len, d.global_batch_size, d.micro_batch_size, ranks, keep_seqs
+    )
+    sets = [
+        *overrides,
+        f"data.seq_len={seq}",
+        f"data.global_batch_size={gbs}",
+        f"data.micro_batch_size={micro}",
+        *([f"sharding.context_parallel={cp}"] if cp else []),
+        *([f"model.max_seq_len={seq}"] if seq > max_seq_len else []),  # rotary: no table
+    ]
+    return sets, gbs, micro
+
+
 def expand_configs(
     recipe_path: Path,
     overrides: list[str],
@@ -89,20 +117,7 @@ def expand_configs(
     configs = []
     for seq in seq_lens:
         for cp in context_parallel or [None]:
-            d = base.data
-            ranks = world // (cp or base.sharding.context_parallel) or 1
-            gbs, micro = batch_for(
-                seq, d.seq_len, d.global_batch_size, d.micro_batch_size, ranks, keep_seqs
-            )
-            sets = [
-                *overrides,
-                f"data.seq_len={seq}",
-                f"data.global_batch_size={gbs}",
-                f"data.micro_batch_size={micro}",
-                *([f"sharding.context_parallel={cp}"] if cp else []),
-            ]
-            if seq > max_seq_len:  # rotary positions: no learned table to outgrow
-                sets.append(f"model.max_seq_len={seq}")
+            sets, _, _ = shape_overrides(base, max_seq_len, seq, cp, world, keep_seqs, overrides)
             for setting in checkpoints:
                 name = f"seq{seq}{f'-cp{cp}' if cp else ''}-ckpt{setting}"
                 configs.append(_config(recipe_path, name, sets, setting, steps, world))

@@ -13,7 +13,7 @@ from yatrain.common import GIB, dumps_json
 from yatrain.plan import plan_memory
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device, memory_limit
 from yatrain.recipe_load import load_recipe
-from yatrain.sweep.configs import base_recipe, batch_for
+from yatrain.sweep.configs import base_recipe, shape_overrides
 
 PLAN_COLUMNS = [
     "name",
@@ -47,21 +47,12 @@ def plan_rows(
     overrides = list(overrides)
     base, max_seq_len = base_recipe(recipe_path, overrides)
     limit, source = memory_limit(base, local_device(), gpu_memory_gib, ASSUMED_GPU_GIB)
-    d, rows = base.data, []
+    rows = []
     for seq in seq_lens:
         for cp in context_parallel:
-            ranks = max(gpus // cp, 1)
-            gbs, micro = batch_for(
-                seq, d.seq_len, d.global_batch_size, d.micro_batch_size, ranks, keep_seqs
+            sets, gbs, micro = shape_overrides(
+                base, max_seq_len, seq, cp, gpus, keep_seqs, overrides
             )
-            sets = [
-                *overrides,
-                f"data.seq_len={seq}",
-                f"data.global_batch_size={gbs}",
-                f"data.micro_batch_size={micro}",
-                f"sharding.context_parallel={cp}",
-                *([f"model.max_seq_len={seq}"] if seq > max_seq_len else []),
-            ]
             plan = plan_memory(load_recipe(recipe_path, sets), gpus, limit)
             sent = plan.traffic["full"]
             rows.append(
