@@ -20,27 +20,20 @@ from torch.profiler import ProfilerActivity, profile
 
 from yatrain.bench.engine.cli import parse_args
 from yatrain.bench.engine.contenders import BUILDERS
-from yatrain.bench.engine.harness import rank_batches
+from yatrain.bench.engine.harness import rank_batches, rank_device, sync_device
 from yatrain.harness.ranks import run_ranks
 
 CONTENDER = "yatrain-pg"
 TOP = 15
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _profile(rank: int, world: int, o: dict) -> dict:
-    device = torch.device("cuda", rank) if o["device"] == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = rank_device(o, rank)
     batches = rank_batches(o, rank, world, o["warmup"] + o["steps"], device)
     trainer = BUILDERS[CONTENDER](o, device)
     for micros in batches[: o["warmup"]]:
         trainer.step(micros)
-    _sync(device)
+    sync_device(device)
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -48,7 +41,7 @@ def _profile(rank: int, world: int, o: dict) -> dict:
         start = time.perf_counter()
         for micros in batches[o["warmup"] :]:
             trainer.step(micros)
-        _sync(device)
+        sync_device(device)
         wall = time.perf_counter() - start
     averages = prof.key_averages()
     host_us = sum(event.self_cpu_time_total for event in averages)

@@ -28,18 +28,17 @@ import torch
 
 from yatrain.bench.engine.cli import parse_args
 from yatrain.bench.engine.contenders import BUILDERS
-from yatrain.bench.engine.harness import rank_batches
+from yatrain.bench.engine.harness import rank_batches, rank_device
 from yatrain.bench.measure import table
 from yatrain.harness.ranks import run_ranks
-from yatrain.runtime.determinism import deterministic_cublas, set_deterministic
+from yatrain.runtime.determinism import deterministic_cublas
 
 CONTENDERS = ("bare", "yatrain", "yatrain-pg")
 DEFAULT_TOLERANCE = 0.01  # bf16 weights vs autocast: measured 0.1-0.3% over a few steps
 
 
 def _losses(rank: int, world: int, o: dict) -> dict[str, list[float]]:
-    set_deterministic(o["deterministic"])
-    device = torch.device("cuda", rank) if o["device"] == "cuda" else torch.device("cpu")
+    device = rank_device(o, rank)  # deterministic kernels when asked
     batches = rank_batches(o, rank, world, o["steps"], device)
     trainers = {name: BUILDERS[name](o, device) for name in CONTENDERS}
     losses: dict[str, list[float]] = {name: [] for name in CONTENDERS}

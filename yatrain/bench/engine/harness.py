@@ -46,7 +46,7 @@ def rank_batches(o: dict, rank: int, world: int, n_steps: int, device) -> list[l
     return steps
 
 
-def _device(o: dict, rank: int) -> torch.device:
+def rank_device(o: dict, rank: int) -> torch.device:
     """This rank's device, with deterministic kernels when ``--deterministic`` asks."""
     set_deterministic(o["deterministic"])
     if o["device"] == "cuda":
@@ -56,7 +56,8 @@ def _device(o: dict, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA; a CPU has none), so a clock sees it done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -76,12 +77,12 @@ def _timed_step(
     """One step of one contender; when ``measured``, its time, bytes and calls go in ``res``."""
     bytes0, calls0 = counter.bytes_sent, dict(counter.calls)
     engine0 = trainer.engine_bytes() if trainer.engine_bytes else 0
-    _sync(device)
+    sync_device(device)
     if prof:
         prof.enable()
     start = time.perf_counter()
     loss = trainer.step(micros)
-    _sync(device)
+    sync_device(device)
     if prof:
         prof.disable()
     if measured:
@@ -118,14 +119,14 @@ def time_rank(rank: int, world: int, o: dict, names: list[str], profile: bool = 
     Also counts bytes per step (counter deltas around each contender's own steps). With
     ``profile``, each contender's measured steps run under its own cProfile (a separate,
     untimed run: the profiler slows Python-heavy code more)."""
-    device = _device(o, rank)
+    device = rank_device(o, rank)
     counter = CommCounter(world).install()
     batches = rank_batches(o, rank, world, o["warmup"] + o["steps"], device)
     trainers, out = {}, {}
     for name in names:
         t0 = time.perf_counter()
         trainers[name] = BUILDERS[name](o, device)
-        _sync(device)
+        sync_device(device)
         out[name] = {
             "build_s": time.perf_counter() - t0,
             "times": [],
@@ -141,7 +142,7 @@ def time_rank(rank: int, world: int, o: dict, names: list[str], profile: bool = 
             dist.barrier()
             for trainer in trainers.values():
                 if trainer.clock is not None:
-                    _sync(device)
+                    sync_device(device)
                     trainer.clock.take()  # the breakdown covers the measured steps only
         for name in names:
             prof = profilers.get(name) if measured else None
@@ -158,10 +159,10 @@ def memory_rank(rank: int, world: int, o: dict, name: str, mode: str) -> dict:
     """One contender alone in fresh processes. mode 'memory': the peak-memory measurement
     (module docstring) over warm-up + --mem-steps steps; 'memtracker': MemTracker's
     live-tensor peak over a build and two steps."""
-    device = _device(o, rank)
+    device = rank_device(o, rank)
     batches = rank_batches(o, rank, world, o["warmup"] + o["mem_steps"], device)
     gc.collect()
-    _sync(device)
+    sync_device(device)
     if mode == "memtracker":
         return _memtracker_run(o, name, device, batches)
     if device.type == "cuda":
@@ -173,13 +174,13 @@ def memory_rank(rank: int, world: int, o: dict, name: str, mode: str) -> dict:
     trainer = BUILDERS[name](o, device)
     for micros in batches[: o["warmup"]]:
         trainer.step(micros)
-    _sync(device)
+    sync_device(device)
     hwm_warm = hwm_bytes()
     reset_hwm()
     dist.barrier()
     for micros in batches[o["warmup"] :]:
         trainer.step(micros)
-    _sync(device)
+    sync_device(device)
     result: dict = {}
     if device.type == "cuda":
         result["mem_alloc"] = torch.cuda.max_memory_allocated(device)
