@@ -3,6 +3,7 @@ behind tests/integration/test_float8_run.py's bounds (issue 32).
 
     .venv/bin/python tests/float8_drift.py 30     # seeds 0-29, about 10 s each
     .venv/bin/python tests/float8_drift.py 12 two-ranks   # test_float8.py's case
+    .venv/bin/python tests/float8_drift.py 12 context     # test_context_parallel_with.py's
 
 Each seed draws the model's initial weights and the batches; on them a hybrid run (2
 replicas of shard groups of 2), a flat group of 4 and one process train 6 steps in
@@ -53,9 +54,11 @@ def drift(seed: int) -> dict[str, float]:
     return found
 
 
-def two_ranks_drift(seed: int) -> dict[str, float]:
+def two_ranks_drift(seed: int, cp: int = 1) -> dict[str, float]:
     """tests/integration/test_float8.py's case: 2 ranks, two 2-sequence micro-batches each,
-    10 steps, against one process on the same micro-batches, tensorwise and rowwise."""
+    10 steps, against one process on the same micro-batches, tensorwise and rowwise. With
+    ``cp`` 2 (test_context_parallel_with.py's case) the 2 ranks are one CP group: each holds
+    half of every window of the same four micro-batches."""
     er.SEED = seed
     gen = torch.Generator().manual_seed(1234 + seed)
     start = torch.randint(0, er.CFG.vocab_size, (er.STEPS, GLOBAL_BATCH, 1), generator=gen)
@@ -64,7 +67,7 @@ def two_ranks_drift(seed: int) -> dict[str, float]:
     found = {}
     for recipe in ("tensorwise", "rowwise"):
         want = er.reference(data, 1.0, 0, recipe, piece=2)
-        args = (data, 2, 1.0, 1, "fp32", "fp32", 1, None, recipe)
+        args = (data, 2, 1.0, 1, "fp32", "fp32", 1, None, recipe, er.CFG, cp)
         losses, norms, weights = run_ranks(2, er.train_sharded, *args)[0]
         found[f"{recipe} loss"] = er.max_rel(losses, want[0])
         found[f"{recipe} norm"] = er.max_rel(norms, want[1])
@@ -77,7 +80,10 @@ def two_ranks_drift(seed: int) -> dict[str, float]:
 def main(seeds: int, case: str = "hybrid") -> None:
     worst: dict[str, float] = {}
     for seed in range(seeds):
-        found = two_ranks_drift(seed) if case == "two-ranks" else drift(seed)
+        if case == "hybrid":
+            found = drift(seed)
+        else:
+            found = two_ranks_drift(seed, cp=2 if case == "context" else 1)
         print(f"seed {seed}: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()), flush=True)
         worst = {k: max(v, worst.get(k, 0.0)) for k, v in found.items()}
     print("largest: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))

@@ -170,7 +170,7 @@ def check_context(out: str) -> None:
     (one,) = table_rows(out, "CP 1")
     (two,) = table_rows(out, "CP 2")
     assert one[3] == "1.000x" and 0 < ratio(two[3]) < 1.5  # live peak vs CP 1
-    assert two[9] == "yes"  # K/V bytes: counted = formula = torch.distributed on the CP group
+    assert two[11] == "yes"  # K/V bytes: counted = formula = torch.distributed on the CP group
 
 
 def run_breakdown(tmp_path: Path, data: Path) -> None:

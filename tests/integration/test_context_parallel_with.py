@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 import torch._dynamo.utils
 from distributed import run_ranks
-from engine_reference import CFG, batches, max_rel, reference, train_sharded
+from engine_reference import CFG, batches, max_rel, reference, train_sharded, weights_rel
 
 CLIP, TOL = 1.0, 1e-5
 
@@ -38,24 +39,40 @@ def test_tied_embeddings():
         assert max_rel(norms, want_norms) < TOL
 
 
-def test_float8_rowwise():
-    """Rowwise scales are per token in the forward, so a rank that holds half of each
-    window's tokens computes what one process computes on the same micro-batches: the first
-    step's loss agrees within 1e-5 (measured 1.0e-7). The weight gradients' scales span the
-    tokens a rank holds, so the gradient norm moves by float8's rounding (step 1: 7.1e-6),
-    and from step 2 on a last-bit difference in a weight can flip a float8 rounding:
-    measured over these 4 steps, losses within 7.3e-4 and gradient norms within 2.0e-3
-    (over 10 steps 1.1e-3 and 1.2e-2; sharded float8 without CP against one process:
-    norms within 2e-3, test_float8)."""
-    data = batches(8, steps=4)
-    want_losses, want_norms, _ = reference(data, CLIP, 0, "rowwise", piece=2)
-    args = (data, 2, CLIP, 0, "fp32", "fp32", 1, None, "rowwise", CFG, 2)
-    for losses, norms, _ in run_ranks(2, train_sharded, *args):
-        assert max_rel(losses[:1], want_losses[:1]) < TOL
-        assert max_rel(norms[:1], want_norms[:1]) < 1e-4
-        assert max_rel(losses, want_losses) < 3e-3
-        assert max_rel(norms, want_norms) < 1e-2
-        assert losses[-1] < want_losses[0] - 0.5  # it trained
+# How far 10 steps of float8 on a CP group of 2 drift from one process on the same
+# micro-batches. Measured (`python tests/float8_drift.py 12 context`: 12 seeds of weights and
+# batches, 2026-12-05). Rowwise scales are per token in the forward, so step 1's loss agrees
+# (within 2.1e-7); the weight gradients' scales span the tokens a rank holds, so gradient
+# norms move by float8's rounding (2.2e-5). Tensorwise scales an activation by its amax over
+# the rank's own tokens, which differ from one process's: step 1 differs by float8's
+# rounding (losses 3.2e-4, norms 1.6e-3), and every step after it quantizes differently.
+# Over 10 steps: losses 8.2e-3 / 2.2e-3 apart (tensorwise / rowwise), gradient norms
+# 5.4e-2 / 1.8e-2, final weights 0.139 / 0.038 (relative norm of the worst tensor): what
+# float8 itself moves the weights from fp32 on the same batches (0.10-0.14, seeds 0-3).
+# Bounds: 4x the largest drift measured; the weights within 1.5x float8's own distance
+# from fp32 in this test's run.
+FLOAT8_CP_DRIFT = {
+    "tensorwise": {"step-1 loss": 1.5e-3, "step-1 norm": 7e-3, "loss": 3.5e-2, "norm": 0.22},
+    "rowwise": {"step-1 loss": 1e-6, "step-1 norm": 1e-4, "loss": 9e-3, "norm": 7.5e-2},
+}
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8(recipe):
+    """CP 2 in float8 trains as one process in float8 on the same micro-batches does,
+    within the drift above: it adds no more error than float8 itself."""
+    data = batches(8)
+    want = reference(data, CLIP, 0, recipe, piece=2)
+    fp32 = reference(data, CLIP, 0, None, piece=2)
+    args = (data, 2, CLIP, 0, "fp32", "fp32", 1, None, recipe, CFG, 2)
+    bounds = FLOAT8_CP_DRIFT[recipe]
+    for losses, norms, weights in run_ranks(2, train_sharded, *args):
+        assert max_rel(losses[:1], want[0][:1]) < bounds["step-1 loss"]
+        assert max_rel(norms[:1], want[1][:1]) < bounds["step-1 norm"]
+        assert max_rel(losses, want[0]) < bounds["loss"]
+        assert max_rel(norms, want[1]) < bounds["norm"]
+        assert weights_rel(weights, want[2]) < 1.5 * weights_rel(want[2], fp32[2])
+        assert losses[-1] < want[0][0] - 0.5  # it trained
 
 
 def _compiled(rank, world, data, backend):
