@@ -195,6 +195,10 @@ def test_a_run_compiles_once_and_never_again(small_data, tmp_path, capfd):
     assert "warning" not in err.lower()
     records = metrics(tmp_path / "run")
     assert records[10]["val_loss"] is not None and records[20]["val_loss"] is not None
+    # step 1 compiled, left out of its step time and so out of its breakdown's parts
+    first = records[1]
+    assert 0 < first["compute_s"] < first["step_time_s"]
+    assert abs(first["unattributed_s"]) < 0.05 * first["step_time_s"]
     # yatrain eval and generate run a compiled run's checkpoint eagerly: eval agrees
     checkpoint = tmp_path / "run" / "checkpoints" / "step-20"
     evaluated = evaluate_checkpoint(checkpoint)

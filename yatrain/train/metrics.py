@@ -213,6 +213,8 @@ class StepMeter:
         logs it, then opens the next window."""
         synchronize(self.device)  # the one a log needs anyway: CUDA timers are read after it
         timed = self.clock.take() if self.clock is not None else (0.0, 0.0, 0.0)
+        # compiling runs inside the model phase and is left out of the window: out of compute too
+        timed = (max(0.0, timed[0] - self.excluded["compile"]), timed[1], timed[2])
         steps, data = self.window_steps, self.data_wait
         busy = (time.perf_counter() - self.window_start - timed[1] - data) / steps
         start = time.perf_counter()
