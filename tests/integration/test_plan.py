@@ -158,7 +158,22 @@ def test_smallest_fitting_count_is_minimal_and_costs_recompute():
     k = plan.activation_checkpoint_layers
     assert plan.fits and not plan_for_layers(r, 256, k - 1, 80 * GIB).fits
     assert 0 < plan.recompute_flops_fraction < k / 80 / 3 + 1e-9  # a layer forward ~ 1/3
-    assert plan.recipe_setting["activation_checkpoint_layers"] == 20
+    assert plan.recipe_setting["activation_checkpoint_layers"] == "auto"
+    assert plan.recipe_setting["resolved_layers"] == k
+
+
+def test_plan_json_recipe_setting_of_an_auto_recipe_is_the_count_auto_resolves_to():
+    """Not the 0-layer plan: Llama 3 70B at 256 x 79 GiB resolves auto to 64 layers."""
+    args = ["plan", str(ROOT / "recipes/llama3_70b.yaml"), "--gpus", "256", "--gpu-memory", "79"]
+    out = CliRunner().invoke(app, [*args, "--json"])
+    payload = json.loads(out.stdout)
+    own = payload["recipe_setting"]
+    assert own["activation_checkpoint_layers"] == "auto"
+    assert own["resolved_layers"] == payload["activation_checkpoint_layers"] == 64
+    assert own["peak_bytes_per_gpu"] == payload["peak_bytes_per_gpu"] and own["fits"] is True
+    text = CliRunner().invoke(app, args).output
+    assert "recipe: activation_checkpoint_layers auto (64 here) -> peak" in text
+    assert "(fits)" in text
 
 
 def test_does_not_fit_names_the_gpu_count_that_does():

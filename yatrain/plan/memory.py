@@ -298,7 +298,8 @@ def plan_memory(
 
     Without a memory limit the recipe's own setting is reported (0 for ``auto``). When even
     all layers checkpointed do not fit, the plan has ``fits=False``, all layers, and
-    ``min_gpus``. ``recipe_setting`` holds the plan for the recipe's own number.
+    ``min_gpus``. ``recipe_setting`` holds the plan for the recipe's own number; for
+    ``auto``, the number it resolves to here (``resolved_layers``): this plan's.
     """
     n = recipe.model.n_layers
     setting = recipe.sharding.activation_checkpoint_layers
@@ -318,8 +319,11 @@ def plan_memory(
             plan.min_context_parallel = min_context_parallel(recipe, world_size, *args)
     k = plan.activation_checkpoint_layers
     plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size, k)
+    if setting == "auto":  # what start-up resolves it to (plan/limits.py): this plan
+        recipe_plan = plan
     plan.recipe_setting = {
         "activation_checkpoint_layers": setting,
+        "resolved_layers": recipe_plan.activation_checkpoint_layers,
         "peak_bytes_per_gpu": recipe_plan.peak_bytes_per_gpu,
         "fits": recipe_plan.fits,
     }

@@ -174,10 +174,12 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         f"answer: {explain(plan)}",
     ]
     own = plan.recipe_setting
-    if own.get("activation_checkpoint_layers") not in (None, "auto"):
+    if own.get("activation_checkpoint_layers") is not None:
         state = "fits" if own["fits"] else "does not fit"
+        setting = own["activation_checkpoint_layers"]
+        resolved = f" ({own['resolved_layers']} here)" if setting == "auto" else ""
         lines.append(
-            f"recipe: activation_checkpoint_layers {own['activation_checkpoint_layers']} -> "
+            f"recipe: activation_checkpoint_layers {setting}{resolved} -> "
             f"peak {format_bytes(own['peak_bytes_per_gpu'], 'GiB')} ({state})"
         )
     return "\n".join([*lines, *traffic_lines(plan)])
