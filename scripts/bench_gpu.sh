@@ -13,7 +13,10 @@
 #                 across repeats. Prints the step ratios as soon as the timing repeats end, then
 #                 the memory runs, then the table: tokens/s, MFU (vs the bf16 dense peak, 989
 #                 TFLOP/s on H100/H200), peak allocated and reserved CUDA memory, ratios, and the
-#                 targets (yatrain-pg step <= 1.0x FSDP2's, peak allocated <= FSDP2's).
+#                 targets (yatrain-pg step <= 1.0x FSDP2's, peak allocated <= FSDP2's). Then,
+#                 for each yatrain contender, the planner's predicted tensors and total beside
+#                 the measured peak allocated, peak reserved and device memory in use, with
+#                 the ratios: what calibrates the planner's runtime allowance (6 GiB at 80 GB).
 # pathcheck (60)  python -m yatrain.bench.pathcheck, deterministic kernels (train.deterministic):
 #                 the buffered path trains 4 steps from the same weights on the same batches as
 #                 its direct path (bitwise equal losses required) and as a bare PyTorch step

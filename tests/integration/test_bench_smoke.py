@@ -78,10 +78,16 @@ def run_engine(tmp_path: Path, data: Path) -> None:
 
 
 def check_engine(out: str) -> None:
-    (yatrain,) = table_rows(out, "yatrain")
+    yatrain, planned = table_rows(out, "yatrain")  # the results table, then the planner's
     (bare,) = table_rows(out, "bare")
     assert bare[-2] == "1.000x" and ratio(yatrain[-2]) > 0  # step time vs bare
     assert table_rows(out, "world 1: yatrain step time <= 1.03x bare")
+    # the planner beside the measurement (on a GPU: peak allocated / reserved, device in use)
+    assert "planned vs measured memory per rank" in out
+    header = next(line for line in out.splitlines() if "planned tensors" in line)
+    assert "planned total" in header and "loss planned as" in header
+    assert planned[1].startswith("plain (one chunk of")
+    assert planned[2].endswith("iB") and planned[3].endswith("iB")
 
 
 def run_pathcheck(tmp_path: Path, data: Path) -> None:

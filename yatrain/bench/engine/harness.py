@@ -185,6 +185,8 @@ def memory_rank(rank: int, world: int, o: dict, name: str, mode: str) -> dict:
     if device.type == "cuda":
         result["mem_alloc"] = torch.cuda.max_memory_allocated(device)
         result["mem_reserved"] = torch.cuda.max_memory_reserved(device)
+        free, total = torch.cuda.mem_get_info(device)  # + the CUDA context and NCCL's buffers
+        result["device_used"] = total - free
     hwm_steps = hwm_bytes()
     if base is not None and hwm_steps is not None and hwm_warm is not None:
         result["mem"] = max(hwm_warm, hwm_steps) - base
@@ -244,7 +246,7 @@ def run_memory(args: argparse.Namespace, o: dict, kw: dict, agg: dict[str, dict]
     print(f"memory: each contender alone in fresh ranks, {args.warmup}+{args.mem_steps} steps")
     for name in args.contenders:
         results = run_ranks(args.world_size, memory_rank, o, name, "memory", **kw)
-        for key in ("mem", "mem_steps", "mem_alloc", "mem_reserved"):
+        for key in ("mem", "mem_steps", "mem_alloc", "mem_reserved", "device_used"):
             if key in results[0]:
                 agg[name][key] = max(res[key] for res in results)
         shown = format_bytes(agg[name].get("mem_alloc", agg[name].get("mem")), digits=1)

@@ -11,6 +11,7 @@ import torch
 
 from yatrain.bench.engine.blocks import block_seconds
 from yatrain.bench.engine.contenders import model_config
+from yatrain.bench.engine.planned import planned_vs_measured
 from yatrain.bench.measure import median, spread, table, verdict
 from yatrain.common import format_bytes
 from yatrain.models.llama import count_parameters, flops_per_token
@@ -29,6 +30,9 @@ def report(args: argparse.Namespace, agg: dict[str, dict]) -> None:
     print()
     print(_table(args, agg, med, mem, peak))
     print()
+    if planned := planned_vs_measured(args, agg):
+        print(planned)
+        print()
     _targets(args, agg, med, mem)
 
 
