@@ -95,6 +95,8 @@ def test_each_rank_attends_as_the_whole_window(documents, lower_right, mask_elem
         got = attention.attend(local_q, *group.split(kv, 3).unbind(0))
         torch.testing.assert_close(got, group.split(want, 2), atol=1e-6, rtol=0)
         (got * group.split(weights, 2)).sum().backward()
-        torch.testing.assert_close(local_q.grad, group.split(whole_q.grad, 2), atol=1e-6, rtol=0)
+        # fp32 sums in another order: 1.07e-6 apart on gradients of about 1.4 (torch 2.13 CPU)
+        grad = group.split(whole_q.grad, 2)
+        torch.testing.assert_close(local_q.grad, grad, atol=1e-6, rtol=1e-6)
         if mask_elements < 2**21:
             assert [last - first for first, last, _ in attention.pieces] == [3, 2, 3, 2]
