@@ -9,6 +9,7 @@ import typer
 
 from yatrain.cli.app import app, interrupt
 from yatrain.data.split import DEFAULT_VAL_FRACTION
+from yatrain.errors import DataError
 
 
 @app.command(
@@ -19,11 +20,15 @@ from yatrain.data.split import DEFAULT_VAL_FRACTION
         "  yatrain prepare-data --output data/mine --input corpus.jsonl.zst --input books/ "
         "--tokenizer llama2/tokenizer.model\n\n"
         "  yatrain prepare-data --output data/web --input shards/ --text-field content "
-        "--tokenizer Meta-Llama-3-8B/original/tokenizer.model"
+        "--tokenizer Meta-Llama-3-8B/original/tokenizer.model\n\n"
+        "  yatrain prepare-data --output /shared/web --input /shared/raw/ --tokenizer "
+        "tokenizer.model --shard $SLURM_ARRAY_TASK_ID/64   (then: --merge /shared/web)"
     ),
 )
 def prepare_data(
-    output: Path = typer.Option(..., "--output", help="New directory for the tokenized data."),
+    output: Path | None = typer.Option(
+        None, "--output", help="New directory for the tokenized data."
+    ),
     inputs: list[Path] = typer.Option(
         [],
         "--input",
@@ -60,16 +65,30 @@ def prepare_data(
         DEFAULT_VAL_FRACTION, "--val-fraction", help="Share of documents held out for validation."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    shard: str | None = typer.Option(
+        None,
+        "--shard",
+        help="I/N: tokenize only part I (0-based) of N into OUTPUT/parts, one task of a "
+        "cluster job (needs --tokenizer); then --merge OUTPUT.",
+    ),
+    merge: Path | None = typer.Option(
+        None, "--merge", help="Check the N parts under DIR/parts and write DIR's manifest."
+    ),
 ) -> None:
     """Tokenize documents into checksummed shards (the default corpus needs no download)."""
     from yatrain.data.prepare import prepare_data as run_prepare_data  # torch: when run
 
     signal.signal(signal.SIGTERM, interrupt)  # a killed run ends its workers, leaves nothing
-    manifest = run_prepare_data(
-        output,
-        inputs or None,
-        tokenizer=tokenizer,
-        vocab_size=vocab_size,
+    if merge is not None:
+        from yatrain.data.merge import merge_parts
+
+        if output is not None or shard is not None:
+            raise DataError("--merge DIR takes no --output or --shard: it merges DIR's parts")
+        typer.echo(f"merged {merge}: {_summary(merge_parts(merge))}")
+        return
+    if output is None:
+        raise DataError("pass --output DIR (the new data directory), or --merge DIR")
+    common = dict(
         progress=progress,
         text_field=text_field,
         skip_bad_records=skip_bad_records,
@@ -77,6 +96,22 @@ def prepare_data(
         bos_token=bos_token,
         eos_token=eos_token,
         val_fraction=val_fraction,
+    )
+    if shard is not None:
+        from yatrain.data.parts import parse_shard, prepare_part
+
+        index, count = parse_shard(shard)
+        if tokenizer is None or vocab_size is not None:
+            raise DataError(
+                "--shard needs an existing --tokenizer: training one (--vocab-size) reads every "
+                "input, so train it with a one-machine prepare-data first and pass its "
+                "tokenizer.model"
+            )
+        manifest = prepare_part(output, inputs or None, tokenizer, (index, count), **common)
+        typer.echo(f"wrote part {index}/{count} of {output}: {_summary(manifest)}")
+        return
+    manifest = run_prepare_data(
+        output, inputs or None, tokenizer=tokenizer, vocab_size=vocab_size, **common
     )
     typer.echo(f"wrote {output}: {_summary(manifest)}")
 
