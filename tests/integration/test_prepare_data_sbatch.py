@@ -113,3 +113,22 @@ def test_submit_makes_the_array_and_the_merge_that_waits_for_it(tmp_path, isolat
     assert "job 701" in done.stdout and "job 702" in done.stdout
     bad = _script(env, "submit", "0", "/shared/web")
     assert bad.returncode == 2 and "positive number of parts" in bad.stderr
+
+
+def test_shard_and_merge_flags_refuse_what_cannot_work(tmp_path, isolated_env):
+    cases = [
+        (["--output", "o", "--vocab-size", "512", "--shard", "0/2"], "--shard needs an existing"),
+        (["--output", "o", "--tokenizer", "t", "--shard", "2/2"], "pass I/N with 0 <= I < N"),
+        (["--merge", str(tmp_path), "--output", "o"], "--merge DIR takes no --output"),
+        (["--merge", str(tmp_path)], "no complete part under"),
+    ]
+    for args, says in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "yatrain", "prepare-data", *args],
+            env=isolated_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode != 0 and says in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

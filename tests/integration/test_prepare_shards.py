@@ -134,3 +134,19 @@ def test_missing_and_foreign_parts_are_refused_in_one_line(tmp_path, corpus, mod
     assert not (out / "manifest.json").exists()
     with pytest.raises(DataError, match="other inputs or options"):  # a rerun says so too
         prepare_part(out, [corpus], model, (1, 3), **OPTIONS)
+
+
+def test_bad_records_are_named_at_their_line_in_the_whole_file(tmp_path, model):
+    texts = sample_texts(60, seed=2)
+    lines = [json.dumps({"text": t}) + "\n" for t in texts]
+    lines[44] = "{not json\n"
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(lines))
+    options = {**OPTIONS, "skip_bad_records": True}
+    one = prepare_data(tmp_path / "one", [tmp_path / "in"], tokenizer=model, **options)
+    for index in range(3):
+        prepare_part(tmp_path / "parts", [tmp_path / "in"], model, (index, 3), **options)
+    merged = merge_parts(tmp_path / "parts")
+    assert merged["first_bad_record"] == one["first_bad_record"]
+    assert one["first_bad_record"].startswith(f"{tmp_path / 'in' / 'a.jsonl'}:45: invalid JSON")
+    assert merged["skipped_bad_records"] == one["skipped_bad_records"] == 1

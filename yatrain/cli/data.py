@@ -82,8 +82,11 @@ def prepare_data(
     if merge is not None:
         from yatrain.data.merge import merge_parts
 
-        if output is not None or shard is not None:
-            raise DataError("--merge DIR takes no --output or --shard: it merges DIR's parts")
+        if output is not None or shard is not None or inputs or tokenizer or vocab_size:
+            raise DataError(
+                "--merge DIR takes no --output, --shard, --input or tokenizer: it checks and "
+                "joins the parts under DIR/parts, made with those options"
+            )
         typer.echo(f"merged {merge}: {_summary(merge_parts(merge))}")
         return
     if output is None:
