@@ -35,14 +35,16 @@ def corpus(tmp_path_factory) -> Path:
     that may not be, an empty record, a binary file that is skipped."""
     root = tmp_path_factory.mktemp("corpus") / "in"
     root.mkdir()
-    texts = sample_texts(400, seed=11)
+    texts = sample_texts(500, seed=11)
     (root / "a-big.jsonl").write_bytes(_jsonl(texts[:150] + ["   "] + texts[150:220]))
     table = pa.table({"text": pa.array(texts[220:280], type=pa.string())})
     pq.write_table(table, root / "b.parquet", row_group_size=6)
-    (root / "c.txt").write_text("\n\n".join(t.replace("\n\n", "\n") for t in texts[280:300]))
-    (root / "d.jsonl.gz").write_bytes(gzip.compress(_jsonl(texts[300:340])))
-    (root / "e.md").write_text(texts[340])
-    (root / "f.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(texts[341:])))
+    lines = [t.replace("\n\n", "\n") for t in texts[280:400]]
+    blocks = ["\n".join(lines[i : i + 6]) for i in range(0, 120, 6)]  # 24 lines each
+    (root / "c.txt").write_text("\n \n".join(blocks[:8]) + "\n\n\n" + "\n\n".join(blocks[8:]))
+    (root / "d.jsonl.gz").write_bytes(gzip.compress(_jsonl(texts[400:440])))
+    (root / "e.md").write_text(texts[440])
+    (root / "f.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(texts[441:])))
     (root / "g.bin").write_bytes(b"\x00\x01binary" * 10)
     return root
 
@@ -67,11 +69,11 @@ def _parts(out: Path, corpus: Path, model: Path, count: int, **changes) -> None:
 def test_plan_cuts_inside_big_files_only_where_it_may(corpus):
     plan = plan_parts(Corpus([corpus]).files, 7)
     kinds = {piece.kind for part in plan for piece in part}
-    assert {"lines", "row_groups"} <= kinds
+    assert {"lines", "blocks", "row_groups"} <= kinds
     files = Corpus([corpus]).files
     pieces = [piece for part in plan for piece in part]
     for piece in pieces:  # compressed and other files only whole
-        if not files[piece.index][0].name.endswith((".jsonl", ".parquet")):
+        if not files[piece.index][0].name.endswith((".jsonl", ".parquet", ".txt")):
             assert piece.kind == "file"
     assert [p.index for p in pieces] == sorted(p.index for p in pieces)
 

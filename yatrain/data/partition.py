@@ -5,9 +5,12 @@ order. The plan cuts that sequence at N - 1 points into contiguous parts of abou
 size in bytes (not bin-packed: contiguity is what keeps the order), so concatenating the
 parts' documents in part order gives the one-machine order exactly. Cut ``k`` aims at byte
 ``k x total / N`` of all the files together; inside an uncompressed JSONL file it moves to
-the next line start, inside a parquet file to the nearest row-group boundary, and inside
-any other file (compressed, ``.txt``, one document per file, not text) to the nearest end
-of the file: those are split only at file granularity. A part may be empty.
+the next line start, inside an uncompressed ``.txt`` file to the end of the next blank line
+(its documents are blocks between blank lines), inside a parquet file to the nearest
+row-group boundary, and inside any other file (compressed, one document per file, not
+text) to the nearest end of the file: those are split only at file granularity. With
+``--skip-bad-records`` a ``.txt`` file is not split either (reading one stops at its first
+line that is not UTF-8, which a later piece could not know). A part may be empty.
 
 The plan depends only on the file list, the files' sizes and the bytes or metadata at the
 cut points, so every task computes the same one; its digest, recorded in every part's
@@ -28,16 +31,18 @@ from yatrain.data.pieces import Piece
 from yatrain.data.readers import InputFile, classify
 
 _SEEK_CHUNK = 1 << 16
+_BLANK = b" \t\r\f\v\n"  # the whitespace of a blank line between .txt documents
 
 
-def _units(path: Path, size: int) -> tuple[str, list[int]]:
-    """How ``path`` may be cut: its kind and its cut points as byte offsets (``lines``:
-    every byte offset is allowed, the cut moves to a line start later); ``file``: only its
-    two ends."""
+def _units(path: Path, size: int, split_text: bool) -> tuple[str, list[int]]:
+    """How ``path`` may be cut: its kind and its cut points as byte offsets (``lines`` and
+    ``blocks``: any offset, moved to a line or block start later); ``file``: its two ends."""
     item = classify(path)
     if isinstance(item, InputFile) and item.compression is None:
         if item.fmt == "jsonl":
             return "lines", []
+        if item.fmt == "blocks" and split_text:
+            return "blocks", []
         if item.fmt == "parquet":
             try:
                 meta = pq.ParquetFile(path).metadata
@@ -71,17 +76,37 @@ def _line_start(path: Path, offset: int, size: int) -> int:
     return size
 
 
-def _cut(path: Path, local: int, size: int) -> tuple[str, int]:
+def _block_start(path: Path, offset: int, size: int) -> int:
+    """The end of the first blank (whitespace-only) line from ``offset``'s next line start
+    on (``size`` if none): a document of a ``.txt`` file starts there."""
+    position = _line_start(path, offset, size)
+    if position in (0, size):
+        return position
+    with open(path, "rb") as f:
+        f.seek(position)
+        while line := f.readline():
+            position += len(line)
+            if not line.strip(_BLANK):
+                return position
+    return size
+
+
+def _cut(path: Path, local: int, size: int, split_text: bool) -> tuple[str, int]:
     """Where a cut aimed at byte ``local`` of ``path`` lands, in the file's own units."""
-    kind, edges = _units(path, size)
+    kind, edges = _units(path, size, split_text)
     if kind == "lines":
         return kind, _line_start(path, local, size)
+    if kind == "blocks":
+        return kind, _block_start(path, local, size)
     nearest = min(range(len(edges)), key=lambda g: (abs(edges[g] - local), g))
     return kind, nearest if kind == "row_groups" else int(nearest > 0)
 
 
-def plan_parts(files: list[tuple[Path, bool]], parts: int) -> list[list[Piece]]:
-    """The pieces of each of ``parts`` parts, in order (see the module docstring)."""
+def plan_parts(
+    files: list[tuple[Path, bool]], parts: int, split_text: bool = True
+) -> list[list[Piece]]:
+    """The pieces of each of ``parts`` parts, in order (see the module docstring);
+    ``split_text``: whether ``.txt`` files may be cut (not when bad records are skipped)."""
     sizes = [path.stat().st_size for path, _ in files]
     starts = [0]
     for size in sizes:
@@ -98,7 +123,7 @@ def plan_parts(files: list[tuple[Path, bool]], parts: int) -> list[list[Piece]]:
         if f >= len(files):
             cut = (len(files), 0)
         else:
-            kind, position = _cut(files[f][0], target - starts[f], sizes[f])
+            kind, position = _cut(files[f][0], target - starts[f], sizes[f], split_text)
             kinds[f], ends[f] = kind, _length(files[f][0], kind, sizes[f])
             cut = (f, position)
         cuts.append(max(cut, cuts[-1]))
@@ -108,7 +133,7 @@ def plan_parts(files: list[tuple[Path, bool]], parts: int) -> list[list[Piece]]:
 
 def _length(path: Path, kind: str, size: int) -> int:
     """A file's length in the units its cuts are counted in."""
-    if kind == "lines":
+    if kind in ("lines", "blocks"):
         return size
     return pq.ParquetFile(path).metadata.num_row_groups if kind == "row_groups" else 1
 

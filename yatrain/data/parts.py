@@ -85,7 +85,7 @@ def prepare_part(
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
     workers = check_workers(workers)
     corpus = Corpus(inputs, text_field=text_field, skip_bad_records=skip_bad_records)
-    plan = plan_parts(corpus.files, count)
+    plan = plan_parts(corpus.files, count, split_text=not skip_bad_records)
     options = {
         "inputs": [str(p) for p in inputs] if inputs is not None else [],
         "tokenizer": str(tokenizer),
