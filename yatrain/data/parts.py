@@ -79,29 +79,22 @@ def prepare_part(
     """Tokenize part ``shard = (I, N)`` of ``inputs`` into ``output``/parts (see the module
     docstring); returns its manifest."""
     output, (index, count) = Path(output), shard
-    if not 0 <= val_fraction < 1:
-        raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
-    if shard_tokens < 1:
-        raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
+    _check_options(val_fraction, shard_tokens)
     workers = check_workers(workers)
     corpus = Corpus(inputs, text_field=text_field, skip_bad_records=skip_bad_records)
     plan = plan_parts(corpus.files, count, split_text=not skip_bad_records)
-    options = {
-        "inputs": [str(p) for p in inputs] if inputs is not None else [],
-        "tokenizer": str(tokenizer),
-        "text_field": text_field,
-        "skip_bad_records": skip_bad_records,
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-        "val_fraction": val_fraction,
-        "shard_tokens": shard_tokens,
-    }
-    info = {
-        "index": index,
-        "count": count,
-        "plan_sha256": plan_sha256(corpus.files, plan),
-        "options": options,
-    }
+    options = dict(
+        inputs=[str(p) for p in inputs] if inputs is not None else [],
+        tokenizer=str(tokenizer),
+        text_field=text_field,
+        skip_bad_records=skip_bad_records,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        val_fraction=val_fraction,
+        shard_tokens=shard_tokens,
+    )
+    digest = plan_sha256(corpus.files, plan)
+    info = {"index": index, "count": count, "plan_sha256": digest, "options": options}
     source = load_tokenizer(tokenizer, bos_token, eos_token)
     final = output / PARTS / part_name(index, count)
     if (final / MANIFEST).is_file():
@@ -125,6 +118,13 @@ def prepare_part(
         return tokenize(tmp, manifest, corpus, source, settings, whole=False)
 
     return build_into(final, build)
+
+
+def _check_options(val_fraction: float, shard_tokens: int) -> None:
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
+    if shard_tokens < 1:
+        raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
 
 
 def _finished(final: Path, info: dict, tokenizer_sha256: str) -> dict:
