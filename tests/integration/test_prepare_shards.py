@@ -152,3 +152,11 @@ def test_bad_records_are_named_at_their_line_in_the_whole_file(tmp_path, model):
     assert merged["first_bad_record"] == one["first_bad_record"]
     assert one["first_bad_record"].startswith(f"{tmp_path / 'in' / 'a.jsonl'}:45: invalid JSON")
     assert merged["skipped_bad_records"] == one["skipped_bad_records"] == 1
+
+
+def test_a_part_folder_without_manifest_is_named(tmp_path, corpus, model):
+    out = tmp_path / "parts"
+    prepare_part(out, [corpus], model, (0, 2), **OPTIONS)
+    (out / "parts" / "part-00001-of-00002").mkdir()  # e.g. copied by hand, half-way
+    with pytest.raises(DataError, match="part-00001-of-00002 has no manifest.json, so it is not"):
+        merge_parts(out)

@@ -69,6 +69,11 @@ def merge_parts(output: Path) -> dict:
 
 def _open_part(path: Path) -> tuple[Path, dict]:
     """A complete part's manifest, its token files checked against it (sizes, tokenizer)."""
+    if not (path / MANIFEST).is_file():
+        raise DataError(
+            f"{path} has no {MANIFEST}, so it is not a complete part (a part is renamed into "
+            "place only once complete): delete it and run its task again"
+        )
     manifest = load_manifest(path)
     part = manifest.get("part")
     if not isinstance(part, dict) or not isinstance(part.get("count"), int):
