@@ -11,6 +11,7 @@ from pathlib import Path
 
 from yatrain.config import DataConfig
 from yatrain.data.loader import BatchLoader, GlobalBatchLoader
+from yatrain.data.megatron import MegatronTokens, open_stream
 from yatrain.data.mixture import MixtureLoader
 from yatrain.data.shards import TokenShards
 from yatrain.data.tokenizer_formats import load_tokenizer
@@ -28,7 +29,10 @@ def build_loader(
     """The loader for ``data`` on this rank; ``notice`` receives one-off messages (a mixture
     source starting a new epoch)."""
     paths = [data.path] if data.sources is None else [s.path for s in data.sources]
-    shards = [TokenShards.open(Path(p)) for p in paths]
+    keys = (
+        ["data.path"] if data.sources is None else [f"data.sources[{i}]" for i in range(len(paths))]
+    )
+    shards = [open_stream(p, data.tokenizer, k) for p, k in zip(paths, keys, strict=True)]
     if data.tokenizer is not None:
         _check_tokenizer(Path(data.tokenizer), shards)
     common = dict(
@@ -47,7 +51,7 @@ def build_loader(
     return MixtureLoader(shards, weights, notice=notice, **common)
 
 
-def _check_tokenizer(path: Path, shards: list[TokenShards]) -> None:
+def _check_tokenizer(path: Path, shards: list[TokenShards | MegatronTokens]) -> None:
     wanted = load_tokenizer(path)
     for data in shards:
         if (wanted.sha256, wanted.bos_id, wanted.eos_id) != (

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from yatrain.data.readers import BadRecord, NotText, classify, read_documents
+from yatrain.data.pieces import Piece, read_piece
+from yatrain.data.readers import BadRecord, NotText, classify
 from yatrain.errors import DataError
 
 # Stdlib directories that are not ordinary library code (tests, vendored tools, caches).
@@ -98,31 +99,37 @@ class ReadStats:
 
 
 class Corpus:
-    """Documents of input files and directories (None: the default stdlib corpus)."""
+    """Documents of input files and directories (None: the default stdlib corpus); with
+    ``pieces``, those of these pieces of its files only (one part of a partitioned corpus)."""
 
     def __init__(
         self,
         inputs: list[Path] | None = None,
         text_field: str = "text",
         skip_bad_records: bool = False,
+        pieces: list[Piece] | None = None,
     ):
         if inputs is not None:
             self.files = expand_inputs(inputs)
         else:
             self.files = [(f, False) for f in default_corpus_files()]
         self.text_field, self.skip_bad_records = text_field, skip_bad_records
+        self.pieces = pieces if pieces is not None else [Piece(i) for i in range(len(self.files))]
         self.stats = ReadStats()
 
     def documents(self) -> Iterator[str]:
         """Every document in order; each call is a new pass with fresh ``stats``."""
         self.stats = stats = ReadStats()
-        for path, explicit in self.files:
+        for piece in self.pieces:
+            path, explicit = self.files[piece.index]
             try:
-                yield from self._file_documents(path, explicit, stats)
+                yield from self._file_documents(path, explicit, stats, piece)
             except OSError as e:
                 raise DataError(f"cannot read input {path} ({e.strerror or e}): check it") from None
 
-    def _file_documents(self, path: Path, explicit: bool, stats: ReadStats) -> Iterator[str]:
+    def _file_documents(
+        self, path: Path, explicit: bool, stats: ReadStats, piece: Piece
+    ) -> Iterator[str]:
         item = classify(path)
         if isinstance(item, NotText):
             if not explicit:  # found in a directory: skipped and listed
@@ -136,7 +143,7 @@ class Corpus:
             where = f"{path}:{item.line}" if item.line > 1 else str(path)
             records = iter([BadRecord(where, f"{item.reason}; re-encode it as UTF-8")])
         else:
-            records = read_documents(item, self.text_field)
+            records = read_piece(item, self.text_field, piece)
         for record in records:
             if not isinstance(record, BadRecord):
                 if record.strip():

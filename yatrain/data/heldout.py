@@ -22,6 +22,7 @@ import torch
 from yatrain.common import IGNORE_INDEX
 from yatrain.config import DataConfig
 from yatrain.data.documents import document_layout
+from yatrain.data.megatron import MegatronTokens, megatron_prefix
 from yatrain.data.shards import TokenShards, has_validation, load_manifest
 from yatrain.errors import ConfigError, DataError
 
@@ -37,17 +38,27 @@ class HeldOut:
 
     name: str  # how logs call it (a mixture source's label)
     weight: float  # its share of the overall loss (a mixture's normalised weight)
-    shards: TokenShards
+    shards: TokenShards | MegatronTokens
 
     def describe(self) -> str:
         part = "validation split" if self.shards.split == "validation" else "whole: no split"
         return f"{self.shards.path} ({part})"
 
 
-def open_held_out(path: Path, name: str = "", weight: float = 1.0) -> HeldOut:
-    """The validation split of the data directory ``path``, or all of it if it has none."""
+def open_held_out(
+    path: Path, name: str = "", weight: float = 1.0, tokenizer: str | None = None
+) -> HeldOut:
+    """The validation split of the data directory ``path``, or all of it if it has none (a
+    Megatron prefix: all of it, read with ``tokenizer``)."""
+    if megatron_prefix(path) is not None:
+        return HeldOut(name, weight, MegatronTokens.open(path, tokenizer, "data.val_path"))
     split = "validation" if has_validation(load_manifest(path)) else "train"
     return HeldOut(name, weight, TokenShards.open(path, split=split))
+
+
+def _has_split(path: Path) -> bool:
+    """Does ``path`` hold a held-out split (never a Megatron prefix: that format has none)?"""
+    return megatron_prefix(path) is None and has_validation(load_manifest(path))
 
 
 def held_out_data(data: DataConfig, override: Path | None = None) -> list[HeldOut]:
@@ -55,17 +66,17 @@ def held_out_data(data: DataConfig, override: Path | None = None) -> list[HeldOu
     ``data.val_path``, else the validation split of ``data.path`` or of every mixture source.
     Never the training stream itself: a training directory without a split is refused."""
     if override is not None:
-        return [open_held_out(override)]
+        return [open_held_out(override, tokenizer=data.tokenizer)]
     training = [data.path] if data.sources is None else [s.path for s in data.sources]
     if data.val_path is not None:
         val_path = Path(data.val_path)
         trains_on = any(Path(p).resolve() == val_path.resolve() for p in training)
-        if trains_on and not has_validation(load_manifest(val_path)):
+        if trains_on and not _has_split(val_path):
             raise ConfigError(
                 f"data.val_path {val_path} is training data without a held-out split: "
                 f"evaluation never reads training data; {NO_HELD_OUT_FIX}"
             )
-        return [open_held_out(val_path)]
+        return [open_held_out(val_path, tokenizer=data.tokenizer)]
     if data.sources is None:
         return [_split_of(Path(data.path), "data.path")]
     total = sum(s.weight for s in data.sources)
@@ -76,6 +87,12 @@ def held_out_data(data: DataConfig, override: Path | None = None) -> list[HeldOu
 
 
 def _split_of(path: Path, key: str) -> HeldOut:
+    if megatron_prefix(path) is not None:
+        raise ConfigError(
+            f"{key} {path} is a Megatron-LM dataset, which holds no held-out split: point "
+            "data.val_path at a second prefix of held-out documents, or turn evaluation off "
+            "(eval.every: 0, eval.at_end: false)"
+        )
     if not has_validation(load_manifest(path)):
         raise ConfigError(
             f"{key} {path} has no held-out validation split to evaluate on (prepared with "

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,12 +78,21 @@ def prepare_data(
     if next(corpus.documents(), None) is None:
         raise DataError("the inputs contain no text (no non-empty documents): check --input")
 
-    tmp, lock = _temporary(output)
-    try:
+    def build(tmp: Path) -> dict:
         tok, names = _store_tokenizer(tmp, corpus, source, vocab_size, progress, val_fraction)
         manifest = {"format": FORMAT, **tok.describe(), "tokenizer_files": names}
-        options = _Options(shard_tokens, workers, encode_threads, progress, val_fraction)
-        manifest = _tokenize(tmp, manifest, corpus, tok, options)
+        options = Options(shard_tokens, workers, encode_threads, progress, val_fraction)
+        return tokenize(tmp, manifest, corpus, tok, options)
+
+    return build_into(output, build)
+
+
+def build_into(output: Path, build: Callable[[Path], dict]) -> dict:
+    """Run ``build`` on a new temporary directory and rename that to ``output`` when it
+    returns (its result, the manifest, written); remove it on any failure or interrupt."""
+    tmp, lock = _temporary(output)
+    try:
+        manifest = build(tmp)
         _move_into_place(tmp, output)
     except KeyboardInterrupt:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -115,6 +125,13 @@ def _check_arguments(
         raise DataError("--bos-token/--eos-token choose tokens of an existing --tokenizer")
     if shard_tokens < 1:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise DataError(f"output {output} already exists: choose another directory or delete it")
+    return check_workers(workers)
+
+
+def check_workers(workers: int | None) -> int:
+    """The number of tokenizer workers: one per usable core unless given (at most that)."""
     cpus = default_workers()
     workers = cpus if workers is None else workers
     if not 1 <= workers <= cpus:
@@ -122,8 +139,6 @@ def _check_arguments(
             f"--workers {workers}: pass 1 to {cpus} (the CPUs this process may use); more "
             "workers than CPUs only slow it down"
         )
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise DataError(f"output {output} already exists: choose another directory or delete it")
     return workers
 
 
@@ -198,7 +213,7 @@ def _store_tokenizer(
 
 
 @dataclass
-class _Options:
+class Options:
     shard_tokens: int
     workers: int
     threads: int
@@ -206,8 +221,11 @@ class _Options:
     val_fraction: float
 
 
-def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options: _Options) -> dict:
-    """Write the token shards into ``tmp`` and complete and write ``manifest``."""
+def tokenize(
+    tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options: Options, whole: bool = True
+) -> dict:
+    """Write the token shards into ``tmp`` and complete and write ``manifest``; a part of a
+    partitioned corpus (not ``whole``) may hold no tokens (the merge checks the total)."""
     done = tokenize_into(
         tmp,
         corpus,
@@ -218,13 +236,8 @@ def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options
         options.progress,
         options.val_fraction,
     )
-    if done.num_tokens == 0:
-        raise DataError("the inputs produced no tokens: check --input")
-    if done.train.num_tokens == 0:
-        raise DataError(
-            f"--val-fraction {options.val_fraction} held out every document, leaving none to "
-            "train on: lower it"
-        )
+    if whole:
+        check_tokens(done.num_tokens, done.train.num_tokens, options.val_fraction)
     stats = corpus.stats
     manifest = {
         **manifest,
@@ -247,6 +260,17 @@ def _tokenize(tmp: Path, manifest: dict, corpus: Corpus, tok: Tokenizer, options
         file=sys.stderr,
     )
     return manifest
+
+
+def check_tokens(total: int, train: int, val_fraction: float) -> None:
+    """A data set with no tokens, or none left to train on, is refused."""
+    if total == 0:
+        raise DataError("the inputs produced no tokens: check --input")
+    if train == 0:
+        raise DataError(
+            f"--val-fraction {val_fraction} held out every document, leaving none to "
+            "train on: lower it"
+        )
 
 
 def _held_out(done: Tokenized, val_fraction: float) -> str:

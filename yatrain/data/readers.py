@@ -272,7 +272,8 @@ def _whole(path: Path, stream) -> Iterator[str | BadRecord]:
     yield text
 
 
-def _parquet(path: Path, field: str) -> Iterator[str | BadRecord]:
+def _parquet(path: Path, field: str, row_groups: range | None = None) -> Iterator[str | BadRecord]:
+    """The rows of ``path`` (of ``row_groups`` only: one piece of a partitioned corpus)."""
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
@@ -291,12 +292,16 @@ def _parquet(path: Path, field: str) -> Iterator[str | BadRecord]:
             f"{path}: column {field!r} holds {kind}, not strings: pass --text-field with the "
             "column that holds the text"
         )
-    row = 0
+    first = range(0) if row_groups is None else range(row_groups.start)
+    row = sum(parquet.metadata.row_group(g).num_rows for g in first)  # rows before the piece
     try:
         # One thread: this process only has to keep ahead of the tokenizer workers, and
         # an idle Arrow thread pool would be inherited by the workers it forks.
         batches = parquet.iter_batches(
-            batch_size=_PARQUET_BATCH_ROWS, columns=[field], use_threads=False
+            batch_size=_PARQUET_BATCH_ROWS,
+            row_groups=row_groups,
+            columns=[field],
+            use_threads=False,
         )
         for batch in batches:
             column = batch.column(0)

@@ -13,7 +13,9 @@ A data directory holds::
 Every document is stored as ``[bos] + tokens + [eos]``, packed back to back with no padding;
 the files of a split are simply consecutive pieces of that one stream. The top-level counts
 and ``files`` are the training split. The directory is built under a temporary name and
-renamed into place at the end, so a directory with a manifest is complete.
+renamed into place at the end, so a directory with a manifest is complete. A data set
+prepared in parts (``prepare-data --shard I/N``, then ``--merge``) keeps each part's files
+under ``parts/``; its manifest names them by their path below the directory.
 """
 
 import hashlib
@@ -252,11 +254,17 @@ def _load_manifest(file: Path) -> dict:
     return manifest
 
 
+def _inside(name: str) -> bool:
+    """A token file's name is a relative path below the data directory (a merged data set
+    names its parts' files ``parts/PART/tokens-NNNNN.bin``), never ``..`` or absolute."""
+    return all(piece and not piece.startswith(".") for piece in name.split("/"))
+
+
 def _check_files(file: Path, part: dict, fix: str) -> None:
     for entry in part["files"]:
         ok = isinstance(entry, dict) and isinstance(entry.get("name"), str)
         ok = ok and isinstance(entry.get("num_tokens"), int) and entry["num_tokens"] > 0
-        ok = ok and isinstance(entry.get("sha256"), str) and "/" not in entry["name"]
+        ok = ok and isinstance(entry.get("sha256"), str) and _inside(entry["name"])
         if not ok:
             raise DataError(f"{file} has an invalid files entry {entry!r}: {fix}")
     if sum(e["num_tokens"] for e in part["files"]) != part["num_tokens"]:
