@@ -35,8 +35,9 @@ class SweepConfig:
 def base_recipe(recipe_path: Path, overrides: list[str]) -> tuple[Recipe, int]:
     """The recipe the sweep starts from, and its own ``model.max_seq_len``. Its data.seq_len
     may exceed that context (it is replaced per configuration), so it is read with the
-    context raised; everything else is validated as usual."""
-    probe = load_recipe(recipe_path, [*overrides, "data.seq_len=1"])
+    context raised; everything else is validated as usual. The probe that reads the context
+    runs one rank per window, which any length suits (CP cuts a window into 2 x CP chunks)."""
+    probe = load_recipe(recipe_path, [*overrides, "data.seq_len=1", "sharding.context_parallel=1"])
     raised = f"model.max_seq_len={2**40}"  # any length passes; configs set their own
     return load_recipe(recipe_path, [*overrides, raised]), probe.model.max_seq_len
 
