@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yatrain.config import DataConfig, Recipe
+from yatrain.config import STAGING_MIN_MIB, DataConfig, Recipe
 from yatrain.errors import ConfigError
 
 
@@ -69,6 +69,7 @@ def check_shapes(r: Recipe) -> None:
             raise ConfigError(message)
     _check_sources(data)
     _check_context_parallel(r)
+    _check_staging(r)
 
 
 def _check_context_parallel(r: Recipe) -> None:
@@ -79,6 +80,17 @@ def _check_context_parallel(r: Recipe) -> None:
             f"'data.seq_len' ({seq_len}) is not a multiple of 2 x 'sharding.context_parallel' "
             f"= {2 * cp} (each rank holds 2 of {2 * cp} equal chunks of a window); use e.g. "
             f"{-(-seq_len // (2 * cp)) * 2 * cp}"
+        )
+
+
+def _check_staging(r: Recipe) -> None:
+    """A staging budget of bytes would reduce each gradient a column at a time."""
+    mib = r.sharding.reduce_staging_mib
+    if mib != "auto" and mib < STAGING_MIN_MIB:
+        raise ConfigError(
+            f"'sharding.reduce_staging_mib' ({mib}) is below {STAGING_MIN_MIB} MiB: every "
+            f"layer's gradients would go in up to millions of reduce-scatters; set it to "
+            f"{STAGING_MIN_MIB} or more, or auto"
         )
 
 
