@@ -10,8 +10,10 @@ from typer.testing import CliRunner
 
 from yatrain.cli import app
 from yatrain.errors import ConfigError
+from yatrain.plan.memory import context_parallel_sizes
 from yatrain.recipe_load import load_recipe
 from yatrain.sweep.configs import expand_configs
+from yatrain.topology import context_parallel, divisors, shard_group_size
 
 TINY = ROOT / "recipes/tiny.yaml"
 
@@ -34,3 +36,34 @@ def test_a_reduce_staging_budget_of_bytes_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="set it to 1 or more, or auto"):
         load_recipe(TINY, ["sharding.reduce_staging_mib=0.999"])
     assert load_recipe(TINY, ["sharding.reduce_staging_mib=1"]).sharding.reduce_staging_mib == 1
+
+
+def test_plan_only_sweep_refuses_a_gpu_count_plan_refuses():
+    """--gpus 4294967296 spun in context_parallel_sizes (a loop to the GPU count); --gpu-memory
+    inf or 1e300 was a traceback. plan and the sweep share one bound."""
+    sweep = ["sweep", str(TINY), "--plan-only", "--seq-len", "64", "--output", "unused"]
+    for flags in (["--gpus", "4294967296"], ["--gpu-memory", "inf"], ["--gpu-memory", "1e300"]):
+        result = CliRunner().invoke(app, [*sweep, *flags])
+        assert result.exit_code == 2 and "1048576" in result.output, flags
+        plan = CliRunner().invoke(app, ["plan", str(TINY), "--gpus", "8", *flags])
+        assert plan.exit_code == 2 and "1048576" in plan.output, flags
+
+
+def test_context_parallel_sizes_of_a_huge_group_are_found_to_its_square_root():
+    recipe = load_recipe(TINY, ["data.seq_len=64", "sharding.context_parallel=2"])
+    assert context_parallel_sizes(recipe, 2**40) == [4, 8, 16, 32]
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and divisors(1) == [1]
+
+
+def test_a_cp_size_that_does_not_divide_a_huge_world_is_one_short_line():
+    """1,023,998,976 ranks (1024 x 999,999 nodes): the line listed every divisor, found by
+    a loop to n (54 s); now a few, the closest to the size asked."""
+    world = 1024 * 999_999
+    recipe = load_recipe(TINY, ["data.seq_len=238", "sharding.context_parallel=17"])
+    with pytest.raises(ConfigError) as refused:
+        context_parallel(recipe, world)
+    named = "set it to a divisor of 1023998976 such as 11, 12, 13, 14, 16, 18, 21, 22 (the"
+    assert named in str(refused.value)
+    grouped = load_recipe(TINY, ["sharding.shard_group_size=7"])
+    with pytest.raises(ConfigError, match=r"such as 1, 2, 3, 4, 6, 8, 9, 12 \(usually"):
+        shard_group_size(grouped, 2**10 * 3**4, 8)

@@ -9,6 +9,11 @@ import typer
 
 from yatrain.errors import ConfigError
 
+# Bounds of the planner's flags (plan's and sweep --plan-only's): a plan for more GPUs than
+# any job has ever had, or a GPU of more than a PiB, is a typo (and would spin the planner).
+MAX_GPUS = 2**20
+MAX_GIB = 2**20
+
 
 def comma_list(text: str, flag: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
@@ -43,10 +48,18 @@ SWEEP_PLAN_ONLY = typer.Option(
     "per step) for --gpus GPUs.",
 )
 SWEEP_GPUS = typer.Option(
-    None, "--gpus", min=1, help="With --plan-only: GPUs to plan for (default: --nproc-per-node)."
+    None,
+    "--gpus",
+    min=1,
+    max=MAX_GPUS,
+    help="With --plan-only: GPUs to plan for (default: --nproc-per-node).",
 )
 SWEEP_GPU_MEMORY = typer.Option(
-    None, "--gpu-memory", min=0.001, help="With --plan-only: GiB per GPU (default: 80)."
+    None,
+    "--gpu-memory",
+    min=0.001,
+    max=MAX_GIB,
+    help="With --plan-only: GiB per GPU (default: 80).",
 )
 
 

@@ -21,6 +21,8 @@ from yatrain.cli.launch_options import (
     check_launch,
 )
 from yatrain.cli.sweep_options import (
+    MAX_GIB,
+    MAX_GPUS,
     SWEEP_CP,
     SWEEP_GPU_MEMORY,
     SWEEP_GPUS,
@@ -39,8 +41,6 @@ if TYPE_CHECKING:
 # The library (torch and all) is imported inside each command, so that --help, a mistyped
 # command or a bad flag answer at once (tests/integration/test_cli_start.py).
 
-MAX_GPUS = 2**20  # a plan for more GPUs than any job has ever had is a typo
-MAX_GIB = 2**20  # GiB per GPU (a PiB): a larger memory is a typo
 PLAN_CP = typer.Option(
     None,
     "--context-parallel",

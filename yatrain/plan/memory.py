@@ -39,6 +39,7 @@ from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
 from yatrain.plan.layout import fp8_units, planned_group, traffic_table, unit_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers, staging_budget
+from yatrain.topology import divisors
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
 COMM_BYTES = 1 * GIB  # NCCL channel buffers and the communication stream's scratch
@@ -266,7 +267,7 @@ def context_parallel_sizes(recipe: Recipe, group: int) -> list[int]:
     """CP sizes above the recipe's a shard group of ``group`` ranks can take: they divide
     the group, and 2 x CP divides the sequence (``sharding.context_parallel``'s rules)."""
     seq, own = recipe.data.seq_len, recipe.sharding.context_parallel
-    return [c for c in range(own + 1, group + 1) if group % c == 0 and seq % (2 * c) == 0]
+    return [c for c in divisors(group) if c > own and seq % (2 * c) == 0]
 
 
 def min_context_parallel(
