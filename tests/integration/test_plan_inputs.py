@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import pytest
 from conftest import FAST, ROOT
+from tokenizer_fixtures import write_hf
 from typer.testing import CliRunner
 
+from yatrain.checkpoint.hf_export import _remove_stale_exports
+from yatrain.checkpoint.manifest import MANIFEST, complete_checkpoints
 from yatrain.cli import app
-from yatrain.errors import ConfigError
+from yatrain.data import load_tokenizer
+from yatrain.errors import ConfigError, DataError
 from yatrain.plan.memory import context_parallel_sizes
 from yatrain.recipe_load import load_recipe
+from yatrain.runtime.launcher_link import LAUNCHER_PID, die_with_launcher
 from yatrain.sweep.configs import expand_configs
 from yatrain.topology import context_parallel, divisors, shard_group_size
 
@@ -67,3 +72,35 @@ def test_a_cp_size_that_does_not_divide_a_huge_world_is_one_short_line():
     grouped = load_recipe(TINY, ["sharding.shard_group_size=7"])
     with pytest.raises(ConfigError, match=r"such as 1, 2, 3, 4, 6, 8, 9, 12 \(usually"):
         shard_group_size(grouped, 2**10 * 3**4, 8)
+
+
+def test_digits_int_cannot_read_are_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """'²' passes str.isdigit and int() refuses it: flags, sweep lists, a checkpoint
+    directory's step, a stale export's pid and a --bos-token id each raised ValueError."""
+    plan_only = ["sweep", str(TINY), "--plan-only", "--output", str(tmp_path / "s")]
+    for args, line in [
+        ([*plan_only, "--seq-len", "6²"], "--seq-len: '6²' is not a positive whole number"),
+        ([*plan_only, "--seq-len", "64", "--context-parallel", "1,²"], "'²' is not a positive"),
+        ([*plan_only, "--seq-len", "9" * 5000], "is too large a number"),
+        (["plan", str(TINY), "--gpus", "8", "--shard-group-size", "²"], "pass a number of GPUs"),
+    ]:
+        result = CliRunner().invoke(app, args)
+        assert isinstance(result.exception, ConfigError) and line in str(result.exception), args
+    with pytest.raises(ConfigError, match="'²' is not 'auto' or a layer count in 0..4"):
+        expand_configs(TINY, [], [128], ["²"], 3, 1, False)
+    step = tmp_path / "checkpoints" / "step-²"
+    step.mkdir(parents=True)
+    (step / MANIFEST).write_text("{}")
+    assert complete_checkpoints(step.parent) == []
+    stale = tmp_path / ".tmp-export-²-abcd"
+    stale.mkdir()
+    _remove_stale_exports(tmp_path / "export")
+    assert stale.is_dir()
+    bare = write_hf(tmp_path / "tokenizer")
+    tok = load_tokenizer(bare, bos_token="<s>", eos_token="²")  # a token (a byte), not an id
+    assert tok.eos_id == tok.token_id("²") is not None
+    with pytest.raises(DataError, match="is not a token of"):
+        load_tokenizer(bare, bos_token="<s>", eos_token="9" * 5000)
+    monkeypatch.setenv(LAUNCHER_PID, "²")  # not a launcher's pid: no launcher to die with
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    die_with_launcher()

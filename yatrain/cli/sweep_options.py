@@ -13,6 +13,7 @@ from yatrain.errors import ConfigError
 # any job has ever had, or a GPU of more than a PiB, is a typo (and would spin the planner).
 MAX_GPUS = 2**20
 MAX_GIB = 2**20
+MAX_DIGITS = 18  # a list item longer than this is a typo (int() refuses 4,300 digits)
 
 
 def comma_list(text: str, flag: str) -> list[str]:
@@ -22,11 +23,18 @@ def comma_list(text: str, flag: str) -> list[str]:
     return items
 
 
+def is_whole_number(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes '²', which ``int`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def lengths_of(text: str, flag: str = "--seq-len") -> list[int]:
     items = comma_list(text, flag)
     for item in items:
-        if not item.isdigit() or int(item) < 1:
-            raise ConfigError(f"{flag}: '{item}' is not a positive whole number")
+        if not is_whole_number(item) or int(item[:MAX_DIGITS]) < 1:
+            raise ConfigError(f"{flag}: '{item[:40]}' is not a positive whole number")
+        if len(item.lstrip("0")) > MAX_DIGITS:
+            raise ConfigError(f"{flag}: '{item[:40]}...' is too large a number")
     return [int(item) for item in items]
 
 

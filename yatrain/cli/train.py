@@ -30,6 +30,7 @@ from yatrain.cli.sweep_options import (
     SWEEP_OUTPUT,
     SWEEP_PLAN_ONLY,
     comma_list,
+    is_whole_number,
     lengths_of,
     plan_only_sweep,
 )
@@ -195,7 +196,7 @@ def _plan_overrides(
     if context_parallel is not None:
         overrides = [*overrides, f"sharding.context_parallel={context_parallel}"]
     if shard_group_size is not None:
-        if not shard_group_size.isdigit() and shard_group_size != "auto":
+        if not is_whole_number(shard_group_size) and shard_group_size != "auto":
             raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
         overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
     return overrides

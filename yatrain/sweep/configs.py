@@ -65,7 +65,8 @@ def batch_for(seq: int, base_seq: int, gbs: int, micro: int, world: int, keep_se
 
 
 def _check_setting(setting: str, n_layers: int) -> None:
-    if setting != "auto" and not (setting.isdigit() and int(setting) <= n_layers):
+    digits = setting.isascii() and setting.isdigit()  # isdigit alone takes '²'
+    if setting != "auto" and not (digits and len(setting) < 10 and int(setting) <= n_layers):
         raise ConfigError(
             f"--activation-checkpoint-layers: '{setting}' is not 'auto' or a layer "
             f"count in 0..{n_layers}"
