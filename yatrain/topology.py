@@ -38,12 +38,19 @@ def validate_world_size(recipe: Recipe, world_size: int) -> None:
     )
 
 
-def context_parallel(recipe: Recipe, world_size: int) -> int:
+def context_parallel(recipe: Recipe, world_size: int, plan: bool = False) -> int:
     """The ranks that share each window (``sharding.context_parallel``); one line if they
-    cannot: more than one needs as many ranks, and a whole number of CP groups."""
+    cannot: more than one needs as many ranks, and a whole number of CP groups. ``plan``:
+    the world is ``yatrain plan``'s ``--gpus`` and CP its ``--context-parallel``, and the
+    line names those flags instead of a launch's."""
     cp = recipe.sharding.context_parallel
     if cp == 1:
         return 1
+    if world_size == 1 and plan:
+        raise ConfigError(
+            f"'sharding.context_parallel' {cp} cuts each window over {cp} GPUs and this plan "
+            f"is for one: plan for {cp} or a multiple (--gpus {cp}), or pass --context-parallel 1"
+        )
     if world_size == 1:
         forced = " (sharding.force_process_group runs one rank)"
         forced = forced if recipe.sharding.force_process_group else ""
@@ -53,9 +60,12 @@ def context_parallel(recipe: Recipe, world_size: int) -> int:
             f"{cp}), or set it to 1"
         )
     if world_size % cp:
+        where = f"--gpus {world_size}" if plan else f"the world size ({world_size})"
+        fix = f"pass --context-parallel {_divisors(world_size, cp)}, or plan for a multiple of "
+        fix = f"{fix}{cp} GPUs" if plan else f"set it to {_divisors(world_size, cp)}"
         raise ConfigError(
-            f"'sharding.context_parallel' {cp} does not divide the world size ({world_size}): "
-            f"set it to {_divisors(world_size, cp)} (the world is data x context ranks)"
+            f"'sharding.context_parallel' {cp} does not divide {where}: {fix} (the world is "
+            "data x context ranks)"
         )
     return cp
 

@@ -4,6 +4,8 @@ huge worlds; each answer is a plan or one line, at once."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 from conftest import FAST, ROOT
 from tokenizer_fixtures import write_hf
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 
 from yatrain.checkpoint.hf_export import _remove_stale_exports
 from yatrain.checkpoint.manifest import MANIFEST, complete_checkpoints
+from yatrain.checkpoint.store import PendingSave, save_failure
 from yatrain.cli import app
 from yatrain.data import load_tokenizer
 from yatrain.errors import ConfigError, DataError
@@ -104,3 +107,58 @@ def test_digits_int_cannot_read_are_one_line_not_a_traceback(tmp_path, monkeypat
     monkeypatch.setenv(LAUNCHER_PID, "²")  # not a launcher's pid: no launcher to die with
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     die_with_launcher()
+
+
+def test_out_of_space_advice_at_keep_1_does_not_say_lower_keep(tmp_path):
+    """checkpoint.keep cannot go below 1 (the newest stays until the next is whole)."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    lines = []
+    for keep in (1, 2):
+        save = PendingSave(
+            tmp_path, 4, tmp_path / ".tmp-step-4", {"unit_numels": [8]}, keep, (), True
+        )
+        lines.append(save_failure(save, full))
+    assert "checkpoint.keep" not in lines[0] and "free space there, then resume" in lines[0]
+    assert "free space there (or lower checkpoint.keep), then resume" in lines[1]
+
+
+def test_plan_only_sweep_refuses_a_shard_group_it_cannot_see():
+    """shard_group_size auto is the node's GPUs: the sweep planned full sharding silently."""
+    args = ["sweep", str(TINY), "--plan-only", "--gpus", "8", "--seq-len", "128"]
+    result = CliRunner().invoke(app, [*args, "--set", "sharding.shard_group_size=auto"])
+    assert "pass --set sharding.shard_group_size=N" in str(result.exception)
+
+
+def test_context_parallel_errors_in_plan_name_plans_flags():
+    """They named yatrain pretrain --nproc-per-node, a flag plan does not have."""
+    for gpus, cp, words in [
+        ("1", "2", "plan for 2 or a multiple (--gpus 2), or pass --context-parallel 1"),
+        ("6", "4", "does not divide --gpus 6: pass --context-parallel one of 1, 2, 3, 6"),
+    ]:
+        result = CliRunner().invoke(
+            app, ["plan", str(TINY), "--gpus", gpus, "--context-parallel", cp]
+        )
+        assert words in str(result.exception) and "pretrain" not in str(result.exception)
+
+
+def test_a_huge_cp_size_is_never_told_a_length_beyond_the_context():
+    """CP 1,000,000 at 131,072 tokens was told to use 2,000,000 tokens (max_seq_len 131,072)."""
+    recipe = ROOT / "recipes/llama3_1_8b_long.yaml"
+    with pytest.raises(ConfigError) as refused:
+        load_recipe(recipe, ["sharding.context_parallel=1000000"])
+    assert str(refused.value).endswith(
+        "= 2000000 (each rank holds 2 of 2000000 equal chunks of "
+        "a window); use e.g. sharding.context_parallel 64"
+    )
+    with pytest.raises(ConfigError, match=r"use e\.g\. 132$"):  # a length that fits: as before
+        load_recipe(TINY, ["sharding.context_parallel=3"])
+
+
+def test_the_gpu_count_named_takes_the_global_batch():
+    """Llama 3 70B on 8 GPUs fits on 21, which cannot split 512 sequences: 32 is named."""
+    result = CliRunner().invoke(app, ["plan", str(ROOT / "recipes/llama3_70b.yaml"), "--gpus", "8"])
+    assert "needs at least 32 GPUs\n" in result.output
+    eight = ["--set", "data.micro_batch_size=1", "--set", "data.global_batch_size=8"]
+    long = ["plan", str(ROOT / "recipes/llama3_1_8b.yaml"), "--gpus", "8", "--gpu-memory", "80"]
+    result = CliRunner().invoke(app, [*long, "--set", "data.seq_len=131072", *eight])
+    assert "needs at least 15 GPUs (and data.global_batch_size a multiple of 15)" in result.output

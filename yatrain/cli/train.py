@@ -166,6 +166,7 @@ def plan(
     count is named the smallest context-parallel size that fits."""
     from yatrain.common import GIB, dumps_json
     from yatrain.plan import format_plan, memory_limit, plan_memory
+    from yatrain.plan.layout import check_planned_layout
     from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
     from yatrain.recipe_load import load_recipe
 
@@ -174,11 +175,7 @@ def plan(
             raise ConfigError(f"{flag} {value}: give a number of GiB")
     overrides = _plan_overrides(overrides, context_parallel, shard_group_size)
     loaded = load_recipe(recipe, overrides)
-    if loaded.sharding.shard_group_size == "auto":
-        raise ConfigError(
-            "'sharding.shard_group_size: auto' is the GPUs per node, which yatrain plan cannot "
-            "see here; pass --shard-group-size N"
-        )
+    check_planned_layout(loaded, gpus, "--shard-group-size N")
     limit, source = memory_limit(loaded, local_device(), gpu_memory, ASSUMED_GPU_GIB)
     allowance = None if runtime_allowance is None else int(runtime_allowance * GIB)
     result = plan_memory(loaded, gpus, limit, allowance)
