@@ -151,6 +151,11 @@ class OptimConfig:
     grad_clip: float = _limit(1.0, ge=0)  # max global grad norm; 0 = off
 
 
+# A smaller reduce-scatter staging budget cuts each unit's gradient into so many collectives
+# (one per column at a byte) that a step never ends; 1 MiB is still thousands per layer.
+STAGING_MIN_MIB = 1
+
+
 @dataclass(kw_only=True)
 class ShardingConfig:
     # Checkpoint the FIRST N decoder layers; "auto" = the fewest that fit the device memory
@@ -160,7 +165,7 @@ class ShardingConfig:
     prefetch_depth: int = _limit(1, ge=1)  # how many units ahead to all-gather
     # Reduce-scatter staging budget in MiB: one reduce-scatter per unit wherever its gradient
     # in the reduce dtype fits, else the fewest equal pieces that do; "auto" = max(256 MiB,
-    # 1% of the device's memory) (sharding/sizes.py).
+    # 1% of the device's memory) (sharding/sizes.py); at least STAGING_MIN_MIB.
     reduce_staging_mib: float | Literal["auto"] = _limit("auto", gt=0, le=2**20)  # <= 1 TiB
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
     gpu_memory_gib: float | None = _limit(None, gt=0)

@@ -7,9 +7,10 @@ naming the keys and the fix.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from yatrain.config import DataConfig, Recipe
+from yatrain.config import STAGING_MIN_MIB, DataConfig, Recipe
 from yatrain.errors import ConfigError
 
 
@@ -69,16 +70,36 @@ def check_shapes(r: Recipe) -> None:
             raise ConfigError(message)
     _check_sources(data)
     _check_context_parallel(r)
+    _check_staging(r)
 
 
 def _check_context_parallel(r: Recipe) -> None:
-    """A window is cut into 2 x CP equal chunks."""
+    """A window is cut into 2 x CP equal chunks. The fix named is one the recipe can take: a
+    length within model.max_seq_len, else a CP size that cuts this length."""
     cp, seq_len = r.sharding.context_parallel, r.data.seq_len
-    if cp > 1 and seq_len % (2 * cp):
+    chunks = 2 * cp
+    if cp == 1 or seq_len % chunks == 0:
+        return
+    lengths = (-(-seq_len // chunks) * chunks, seq_len // chunks * chunks)
+    fixes = [str(n) for n in lengths if 0 < n <= r.model.max_seq_len][:1]
+    smaller = math.gcd(cp, seq_len // 2) if seq_len % 2 == 0 else 1  # divides cp and seq / 2
+    if smaller > 1 or not fixes:
+        fixes.append(f"sharding.context_parallel {smaller}")
+    raise ConfigError(
+        f"'data.seq_len' ({seq_len}) is not a multiple of 2 x 'sharding.context_parallel' "
+        f"= {chunks} (each rank holds 2 of {chunks} equal chunks of a window); use e.g. "
+        f"{' or '.join(fixes)}"
+    )
+
+
+def _check_staging(r: Recipe) -> None:
+    """A staging budget of bytes would reduce each gradient a column at a time."""
+    mib = r.sharding.reduce_staging_mib
+    if mib != "auto" and mib < STAGING_MIN_MIB:
         raise ConfigError(
-            f"'data.seq_len' ({seq_len}) is not a multiple of 2 x 'sharding.context_parallel' "
-            f"= {2 * cp} (each rank holds 2 of {2 * cp} equal chunks of a window); use e.g. "
-            f"{-(-seq_len // (2 * cp)) * 2 * cp}"
+            f"'sharding.reduce_staging_mib' ({mib}) is below {STAGING_MIN_MIB} MiB: every "
+            f"layer's gradients would go in up to millions of reduce-scatters; set it to "
+            f"{STAGING_MIN_MIB} or more, or auto"
         )
 
 

@@ -9,8 +9,12 @@ and CP divides the shard group (a CP group never spans two shard groups, or two 
 
 from __future__ import annotations
 
+import math
+
 from yatrain.config import Recipe
 from yatrain.errors import ConfigError
+
+NAMED_DIVISORS = 8  # an error line names at most this many
 
 
 def validate_world_size(recipe: Recipe, world_size: int) -> None:
@@ -34,12 +38,19 @@ def validate_world_size(recipe: Recipe, world_size: int) -> None:
     )
 
 
-def context_parallel(recipe: Recipe, world_size: int) -> int:
+def context_parallel(recipe: Recipe, world_size: int, plan: bool = False) -> int:
     """The ranks that share each window (``sharding.context_parallel``); one line if they
-    cannot: more than one needs as many ranks, and a whole number of CP groups."""
+    cannot: more than one needs as many ranks, and a whole number of CP groups. ``plan``:
+    the world is ``yatrain plan``'s ``--gpus`` and CP its ``--context-parallel``, and the
+    line names those flags instead of a launch's."""
     cp = recipe.sharding.context_parallel
     if cp == 1:
         return 1
+    if world_size == 1 and plan:
+        raise ConfigError(
+            f"'sharding.context_parallel' {cp} cuts each window over {cp} GPUs and this plan "
+            f"is for one: plan for {cp} or a multiple (--gpus {cp}), or pass --context-parallel 1"
+        )
     if world_size == 1:
         forced = " (sharding.force_process_group runs one rank)"
         forced = forced if recipe.sharding.force_process_group else ""
@@ -49,9 +60,12 @@ def context_parallel(recipe: Recipe, world_size: int) -> int:
             f"{cp}), or set it to 1"
         )
     if world_size % cp:
+        where = f"--gpus {world_size}" if plan else f"the world size ({world_size})"
+        fix = f"pass --context-parallel {_divisors(world_size, cp)}, or plan for a multiple of "
+        fix = f"{fix}{cp} GPUs" if plan else f"set it to {_divisors(world_size, cp)}"
         raise ConfigError(
-            f"'sharding.context_parallel' {cp} does not divide the world size ({world_size}): "
-            f"set it to one of {_divisors(world_size)} (the world is data x context ranks)"
+            f"'sharding.context_parallel' {cp} does not divide {where}: {fix} (the world is "
+            "data x context ranks)"
         )
     return cp
 
@@ -69,18 +83,30 @@ def shard_group_size(recipe: Recipe, world_size: int, local_world_size: int) -> 
         raise ConfigError(
             f"'sharding.context_parallel' {cp} does not divide the shard group of {size} "
             f"ranks ('sharding.shard_group_size' {wanted}): a window's ranks must sit in one "
-            f"shard group; set context_parallel to one of {_divisors(size)}"
+            f"shard group; set context_parallel to {_divisors(size, cp)}"
         )
     if world_size % size == 0:
         return size
-    sizes = _divisors(world_size)
+    sizes = _divisors(world_size, size)
     named = f"{wanted} (auto: {size} ranks per node)" if wanted == "auto" else str(wanted)
     raise ConfigError(
         f"'sharding.shard_group_size' {named} does not divide the world size ({world_size}); "
-        f"set it to one of {sizes} (usually the GPUs per node), or remove it to shard over "
+        f"set it to {sizes} (usually the GPUs per node), or remove it to shard over "
         "all ranks"
     )
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in order, found up to its square root (a world of a billion
+    ranks takes 32,000 steps, not a billion)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
+
+
+def _divisors(n: int, near: int) -> str:
+    """``one of 1, 2, 4, 8``; of many, the few closest to the size that was asked."""
+    found = divisors(n)
+    if len(found) <= NAMED_DIVISORS:
+        return f"one of {', '.join(map(str, found))}"
+    closest = sorted(sorted(found, key=lambda k: (abs(k - near), k))[:NAMED_DIVISORS])
+    return f"a divisor of {n} such as {', '.join(map(str, closest))}"

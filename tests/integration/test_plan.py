@@ -180,10 +180,11 @@ def test_does_not_fit_names_the_gpu_count_that_does():
     r = recipe("llama3_70b")  # seq 8192
     plan = plan_memory(r, 8, 80 * GIB)
     assert plan.fits is False and plan.activation_checkpoint_layers == 80
-    need = plan.min_gpus
-    assert need is not None and need > 8
+    need = plan.min_gpus  # the fewest GPUs that fit and split the 512 sequences of a step
+    assert need == 32 and plan.batch_for_min_gpus() is None
     assert plan_for_layers(r, need, 80, 80 * GIB).fits
-    assert not plan_for_layers(r, need - 1, 80, 80 * GIB).fits
+    assert not plan_for_layers(r, 16, 80, 80 * GIB).fits  # the next count that splits them
+    assert plan_for_layers(r, 21, 80, 80 * GIB).fits  # fits, but 512 do not split over 21
     tiny_gpu = plan_memory(r, 8, 4 * GIB)  # the allowance alone nearly fills it
     assert tiny_gpu.min_gpus is None
 

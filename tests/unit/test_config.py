@@ -347,6 +347,6 @@ def test_reduce_staging_budget_refusals(value, expected):
 def test_reduce_staging_budget_accepts_auto_and_mebibytes():
     default = recipe_from_dict(drop_key(tiny(), "sharding.reduce_staging_mib"))
     assert default.sharding.reduce_staging_mib == "auto"
-    for value in ("auto", 64, 0.5):
+    for value in ("auto", 64, 1.5):
         recipe = recipe_from_dict(set_key(tiny(), "sharding.reduce_staging_mib", value))
         assert recipe.sharding.reduce_staging_mib == value

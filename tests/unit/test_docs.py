@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import types
 import typing
 from pathlib import Path
@@ -129,3 +130,51 @@ def test_every_command_the_docs_show_exists():
                     unknown.append(f"{page.name}: yatrain {command}")
     assert shown >= {"pretrain", "prepare-data", "plan", "eval", "generate", "export", "sweep"}
     assert unknown == []
+
+
+# Inline code may wrap onto the next line of its paragraph (never across a blank line).
+WRAPPED_CODE = re.compile(r"`([^`\n]+(?:\n[^`\n]+)*)`")
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$|\.\.\.|\[")  # RECIPE, N, [--flag ...]
+
+
+def planner_commands() -> list[tuple[str, list[str]]]:
+    """Every ``yatrain plan`` and ``yatrain sweep --plan-only`` line of README.md and
+    docs/*.md, fenced or inline (a usage line with placeholders is skipped): (page, the
+    arguments after ``yatrain``)."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        lines = [
+            line
+            for fence in FENCE.finditer(text)
+            for line in fence.group(0).replace("\\\n", " ").splitlines()
+        ]
+        lines += [code.replace("\n", " ") for code in WRAPPED_CODE.findall(FENCE.sub("", text))]
+        for line in lines:
+            line = line.split(" #")[0].strip().removeprefix("$ ")
+            if not re.match(r"yatrain (plan|sweep) ", line):
+                continue
+            words = shlex.split(line)
+            if words[1] == "sweep" and "--plan-only" not in words:
+                continue
+            if not any(PLACEHOLDER.search(w) for w in words):
+                found.append((page.name, words[1:]))
+    return found
+
+
+def test_every_plan_and_plan_only_sweep_the_docs_show_runs(tmp_path, monkeypatch):
+    """No model is built for these: each is the planner alone, run in-process."""
+    from typer.testing import CliRunner
+
+    monkeypatch.chdir(ROOT)
+    commands = planner_commands()
+    failed = []
+    for i, (page, args) in enumerate(commands):
+        if args[0] == "sweep":
+            args = [*args, "--output", str(tmp_path / f"sweep-{i}")]
+        result = CliRunner().invoke(app, args)
+        if result.exit_code != 0:
+            error = result.output.strip() or repr(result.exception)
+            failed.append(f"{page}: yatrain {' '.join(args)}: {error}")
+    assert {a[0] for _, a in commands} == {"plan", "sweep"} and len(commands) > 10
+    assert failed == []

@@ -144,3 +144,21 @@ def test_a_watchdog_exit_says_what_the_hang_report_says(tmp_path):
     lines, code = summary(failures, 2, tmp_path, stopped={101})  # SIGKILLed: it was stopped
     assert lines[0] == f"yatrain: error: rank 0 of 2 failed (exit code 3): {stuck['message']}"
     assert code == 3
+
+
+@pytest.mark.parametrize(
+    "nnodes,complaint",
+    [
+        ("999999:9999999", "--nnodes 999999:9999999: at most 999,999 nodes"),
+        ("9" * 5000, "at most 999,999 nodes"),
+        ("0:4", "--nnodes 0:4: a job has at least 1 node"),
+        ("3:2", "--nnodes 3:2: MIN (3) exceeds MAX (2)"),
+        ("2:x", "--nnodes 2:x: pass a number of nodes, or MIN:MAX"),
+    ],
+)
+def test_nnodes_out_of_range_gets_its_own_complaint(nnodes, complaint):
+    """999999:9999999 is MIN:MAX, too many nodes: it was told to pass MIN:MAX."""
+    with pytest.raises(ConfigError) as refused:
+        Launch(2, nnodes=nnodes).check(gpus=0, cores=2)
+    assert complaint in str(refused.value) and len(str(refused.value)) < 200
+    assert Launch(2, nnodes="1:999999").nodes == (1, 999_999)

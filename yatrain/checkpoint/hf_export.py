@@ -107,7 +107,7 @@ def _remove_stale_exports(output: Path) -> None:
     """Delete ``.tmp-OUT-PID-XXXX`` directories whose export process no longer runs."""
     for stale in output.parent.glob(f".tmp-{output.name}-*") if output.parent.is_dir() else []:
         pid = stale.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isascii() and pid.isdigit() and not _running(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -63,7 +63,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
     found = []
     for path in root.glob("step-*") if root.is_dir() else []:
         suffix = path.name.removeprefix("step-")
-        if suffix.isdigit() and (path / MANIFEST).is_file():
+        if suffix.isascii() and suffix.isdigit() and (path / MANIFEST).is_file():
             found.append((int(suffix), path))
     return [p for _, p in sorted(found, reverse=True)]
 

@@ -180,10 +180,12 @@ def save_failure(save: PendingSave, error: BaseException) -> str:
     disk = _os_error(error)
     if disk is not None and disk.errno in (errno.ENOSPC, errno.EDQUOT):
         need = 12 * sum(save.manifest["unit_numels"])  # fp32 masters and AdamW's two moments
+        # The newest checkpoint stays until the next one is whole: at keep 1 no lower helps.
+        fewer = " (or lower checkpoint.keep)" if save.keep > 1 else ""
         return (
             f"could not save checkpoint {save.final}: no space left on device at {save.root} "
-            f"(needs about {format_bytes(need)}); nothing was kept of it: free space there "
-            "(or lower checkpoint.keep), then resume with --resume auto"
+            f"(needs about {format_bytes(need)}); nothing was kept of it: free space there"
+            f"{fewer}, then resume with --resume auto"
         )
     return (
         f"could not save checkpoint {save.final}: {failure_message(error)}; nothing was kept "

@@ -9,6 +9,12 @@ import typer
 
 from yatrain.errors import ConfigError
 
+# Bounds of the planner's flags (plan's and sweep --plan-only's): a plan for more GPUs than
+# any job has ever had, or a GPU of more than a PiB, is a typo (and would spin the planner).
+MAX_GPUS = 2**20
+MAX_GIB = 2**20
+MAX_DIGITS = 18  # a list item longer than this is a typo (int() refuses 4,300 digits)
+
 
 def comma_list(text: str, flag: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
@@ -17,11 +23,18 @@ def comma_list(text: str, flag: str) -> list[str]:
     return items
 
 
+def is_whole_number(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes '²', which ``int`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def lengths_of(text: str, flag: str = "--seq-len") -> list[int]:
     items = comma_list(text, flag)
     for item in items:
-        if not item.isdigit() or int(item) < 1:
-            raise ConfigError(f"{flag}: '{item}' is not a positive whole number")
+        if not is_whole_number(item) or int(item[:MAX_DIGITS]) < 1:
+            raise ConfigError(f"{flag}: '{item[:40]}' is not a positive whole number")
+        if len(item.lstrip("0")) > MAX_DIGITS:
+            raise ConfigError(f"{flag}: '{item[:40]}...' is too large a number")
     return [int(item) for item in items]
 
 
@@ -43,10 +56,18 @@ SWEEP_PLAN_ONLY = typer.Option(
     "per step) for --gpus GPUs.",
 )
 SWEEP_GPUS = typer.Option(
-    None, "--gpus", min=1, help="With --plan-only: GPUs to plan for (default: --nproc-per-node)."
+    None,
+    "--gpus",
+    min=1,
+    max=MAX_GPUS,
+    help="With --plan-only: GPUs to plan for (default: --nproc-per-node).",
 )
 SWEEP_GPU_MEMORY = typer.Option(
-    None, "--gpu-memory", min=0.001, help="With --plan-only: GiB per GPU (default: 80)."
+    None,
+    "--gpu-memory",
+    min=0.001,
+    max=MAX_GIB,
+    help="With --plan-only: GiB per GPU (default: 80).",
 )
 
 

@@ -21,6 +21,8 @@ from yatrain.cli.launch_options import (
     check_launch,
 )
 from yatrain.cli.sweep_options import (
+    MAX_GIB,
+    MAX_GPUS,
     SWEEP_CP,
     SWEEP_GPU_MEMORY,
     SWEEP_GPUS,
@@ -28,6 +30,7 @@ from yatrain.cli.sweep_options import (
     SWEEP_OUTPUT,
     SWEEP_PLAN_ONLY,
     comma_list,
+    is_whole_number,
     lengths_of,
     plan_only_sweep,
 )
@@ -39,8 +42,6 @@ if TYPE_CHECKING:
 # The library (torch and all) is imported inside each command, so that --help, a mistyped
 # command or a bad flag answer at once (tests/integration/test_cli_start.py).
 
-MAX_GPUS = 2**20  # a plan for more GPUs than any job has ever had is a typo
-MAX_GIB = 2**20  # GiB per GPU (a PiB): a larger memory is a typo
 PLAN_CP = typer.Option(
     None,
     "--context-parallel",
@@ -165,6 +166,7 @@ def plan(
     count is named the smallest context-parallel size that fits."""
     from yatrain.common import GIB, dumps_json
     from yatrain.plan import format_plan, memory_limit, plan_memory
+    from yatrain.plan.layout import check_planned_layout
     from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
     from yatrain.recipe_load import load_recipe
 
@@ -173,11 +175,7 @@ def plan(
             raise ConfigError(f"{flag} {value}: give a number of GiB")
     overrides = _plan_overrides(overrides, context_parallel, shard_group_size)
     loaded = load_recipe(recipe, overrides)
-    if loaded.sharding.shard_group_size == "auto":
-        raise ConfigError(
-            "'sharding.shard_group_size: auto' is the GPUs per node, which yatrain plan cannot "
-            "see here; pass --shard-group-size N"
-        )
+    check_planned_layout(loaded, gpus, "--shard-group-size N")
     limit, source = memory_limit(loaded, local_device(), gpu_memory, ASSUMED_GPU_GIB)
     allowance = None if runtime_allowance is None else int(runtime_allowance * GIB)
     result = plan_memory(loaded, gpus, limit, allowance)
@@ -195,7 +193,7 @@ def _plan_overrides(
     if context_parallel is not None:
         overrides = [*overrides, f"sharding.context_parallel={context_parallel}"]
     if shard_group_size is not None:
-        if not shard_group_size.isdigit() and shard_group_size != "auto":
+        if not is_whole_number(shard_group_size) and shard_group_size != "auto":
             raise ConfigError(f"--shard-group-size {shard_group_size}: pass a number of GPUs")
         overrides = [*overrides, f"sharding.shard_group_size={shard_group_size}"]
     return overrides

@@ -80,7 +80,8 @@ class HFTokenizer(Tokenizer):
                 f"{CONFIG} or {_SPECIAL_MAP} beside it): pass {flag} TOKEN, e.g. the token "
                 "the model was pretrained to start/end documents with"
             )
-        if override is not None and token.strip().isdigit():  # an id (digits are no BOS/EOS)
+        digits = token.strip()  # an id (digits are no BOS/EOS; isdigit alone takes '²')
+        if override is not None and digits.isascii() and digits.isdigit() and len(digits) < 20:
             found = int(token)
         else:
             found = self.backend.token_to_id(token)

@@ -95,7 +95,9 @@ def fit_advice(recipe: Recipe, world_size: int, have: int, allowance: int | None
     if best.min_gpus is not None and best.shard_group_size < world_size:
         return f"use sharding.shard_group_size of at least {best.min_gpus} (or unset it)"
     if best.min_gpus is not None:
-        return f"use at least {best.min_gpus} devices with all layers checkpointed"
+        per_step = best.batch_for_min_gpus()
+        batch = f" and data.global_batch_size a multiple of {per_step}" if per_step else ""
+        return f"use at least {best.min_gpus} devices with all layers checkpointed{batch}"
     return "lower data.micro_batch_size or data.seq_len (no device count helps)"
 
 

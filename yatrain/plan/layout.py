@@ -16,13 +16,27 @@ import os
 
 from yatrain.common import DTYPES
 from yatrain.config import ModelConfig, Recipe
+from yatrain.errors import ConfigError
 from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
 from yatrain.schema import build_dataclass, to_dict
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
-from yatrain.topology import shard_group_size
+from yatrain.topology import context_parallel, shard_group_size
+
+
+def check_planned_layout(recipe: Recipe, gpus: int, group_fix: str) -> None:
+    """What a plan for ``gpus`` GPUs cannot lay out, in the words of the planner's flags
+    (``--gpus``, ``--context-parallel``), before a run's words could name a launch's. A plan
+    runs on no node, so ``shard_group_size: auto`` (the node's GPUs) is refused rather than
+    planned as full sharding; ``group_fix``: how the command sets a number instead."""
+    if recipe.sharding.shard_group_size == "auto":
+        raise ConfigError(
+            "'sharding.shard_group_size: auto' is the GPUs per node, which a plan cannot see "
+            f"here; pass {group_fix}"
+        )
+    context_parallel(recipe, gpus, plan=True)
 
 
 def planned_group(recipe: Recipe, world_size: int) -> int:

@@ -39,6 +39,7 @@ from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
 from yatrain.plan.layout import fp8_units, planned_group, traffic_table, unit_layouts
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers, staging_budget
+from yatrain.topology import divisors
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
 COMM_BYTES = 1 * GIB  # NCCL channel buffers and the communication stream's scratch
@@ -134,6 +135,7 @@ class MemoryPlan:
     n_layers: int
     seq_len: int
     micro_batch_size: int
+    global_batch_size: int
     dtype: str
     gpu_memory_bytes: int | None
     runtime_allowance_bytes: int
@@ -159,6 +161,15 @@ class MemoryPlan:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    def batch_for_min_gpus(self) -> int | None:
+        """The multiple the global batch must become for ``min_gpus`` GPUs to split it (a
+        count that fits always takes it where one can: ``min_gpus_to_fit``); None when the
+        recipe's already splits, or when ``min_gpus`` is a shard group, not a world."""
+        if not self.min_gpus or self.shard_group_size < self.world_size:
+            return None
+        per_step = self.micro_batch_size * (self.min_gpus // self.context_parallel)
+        return per_step if self.global_batch_size % per_step else None
 
 
 def activation_sizes(recipe: Recipe) -> ActivationSizes:
@@ -214,6 +225,7 @@ def plan_for_layers(
         n_layers=m.n_layers,
         seq_len=recipe.data.seq_len,
         micro_batch_size=recipe.data.micro_batch_size,
+        global_batch_size=recipe.data.global_batch_size,
         dtype=dtype,
         gpu_memory_bytes=gpu_memory_bytes,
         runtime_allowance_bytes=runtime_allowance_bytes,
@@ -238,8 +250,10 @@ def min_gpus_to_fit(
     """Smallest GPU count >= world_size at which all layers checkpointed fit; None if the
     unsharded part (buffers, activations, allowance) alone is too big for any count. Under
     hybrid sharding more replicas do not help: this is the shard group it would take. Under
-    context parallelism a multiple of its size."""
+    context parallelism a multiple of its size. Sharding over the whole world, a count whose
+    data ranks take the global batch (``topology.validate_world_size``) where one fits it."""
     n = recipe.model.n_layers
+    whole_world = recipe.sharding.shard_group_size is None
     sharding = dataclasses.replace(recipe.sharding, shard_group_size=None)
     recipe = dataclasses.replace(recipe, sharding=sharding)
 
@@ -259,14 +273,16 @@ def min_gpus_to_fit(
     while low < high:  # sharded bytes only shrink as the count grows
         mid = (low + high) // 2
         low, high = (low, mid) if fits(mid) else (mid + 1, high)
-    return high * cp
+    slots = recipe.data.global_batch_size // recipe.data.micro_batch_size
+    takes_batch = [g for g in divisors(slots) if g >= high] if whole_world else []
+    return (takes_batch[0] if takes_batch else high) * cp
 
 
 def context_parallel_sizes(recipe: Recipe, group: int) -> list[int]:
     """CP sizes above the recipe's a shard group of ``group`` ranks can take: they divide
     the group, and 2 x CP divides the sequence (``sharding.context_parallel``'s rules)."""
     seq, own = recipe.data.seq_len, recipe.sharding.context_parallel
-    return [c for c in range(own + 1, group + 1) if group % c == 0 and seq % (2 * c) == 0]
+    return [c for c in divisors(group) if c > own and seq % (2 * c) == 0]
 
 
 def min_context_parallel(

@@ -40,6 +40,7 @@ def explain(plan: MemoryPlan) -> str:
     if not plan.fits:
         need = (
             f"needs {_group_words(plan)}at least {plan.min_gpus} GPUs{_divisor(plan)}"
+            f"{_batch_words(plan)}"
             if plan.min_gpus
             else "no GPU count helps: lower data.micro_batch_size or data.seq_len"
         )
@@ -64,6 +65,12 @@ def _context_words(plan: MemoryPlan) -> str:
         f"fits with sharding.context_parallel {cp} (--context-parallel {cp}; checkpoint "
         f"{k} of {plan.n_layers} layers), or "
     )
+
+
+def _batch_words(plan: MemoryPlan) -> str:
+    """A count of GPUs that fits but cannot split the recipe's global batch says so."""
+    per_step = plan.batch_for_min_gpus()
+    return f" (and data.global_batch_size a multiple of {per_step})" if per_step else ""
 
 
 def _group_words(plan: MemoryPlan) -> str:

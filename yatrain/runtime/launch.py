@@ -58,7 +58,8 @@ LAUNCH_FLAGS = (
 LAUNCH_SWITCHES = ("--oversubscribe",)  # launch flags without a value
 MAX_RANKS_PER_NODE = 1024  # even with --oversubscribe
 MAX_RDZV_TIMEOUT_S = 86_400
-_NODES = re.compile(r"([0-9]{1,6})(?::([0-9]{1,6}))?")
+MAX_NODES = 999_999
+_NODES = re.compile(r"([0-9]+)(?::([0-9]+))?")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 _AGENT_SIGNALS = "torch.distributed.elastic.multiprocessing.api"  # logs the signals it sends
@@ -80,9 +81,18 @@ class Launch:
     def nodes(self) -> tuple[int, int]:
         """(min, max) nodes; one line when ``--nnodes`` is not N or MIN:MAX."""
         match = _NODES.fullmatch(self.nnodes)
-        low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
-        if not 1 <= low <= high:
+        if not match:
             raise ConfigError(f"--nnodes {self.nnodes[:80]}: pass a number of nodes, or MIN:MAX")
+        flag = f"--nnodes {self.nnodes[:80]}"
+        if any(len(part.lstrip("0")) > len(str(MAX_NODES)) for part in match.groups("")):
+            raise ConfigError(f"{flag}: at most {MAX_NODES:,} nodes")
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high > MAX_NODES:
+            raise ConfigError(f"{flag}: at most {MAX_NODES:,} nodes")
+        if low < 1:
+            raise ConfigError(f"{flag}: a job has at least 1 node")
+        if low > high:
+            raise ConfigError(f"{flag}: MIN ({low}) exceeds MAX ({high}); pass MIN:MAX")
         return low, high
 
     def world_sizes(self) -> tuple[int, int]:

@@ -34,7 +34,7 @@ def die_with_launcher() -> None:
     """Under a launcher, end this process (SIGKILL) when the launcher ends, also when it
     already has. Nothing outside a launcher."""
     named = os.environ.pop(LAUNCHER_PID, None)  # this rank's children are not its ranks
-    if named is not None and named.isdigit():
+    if named is not None and named.isascii() and named.isdigit():
         launcher = int(named)
     elif os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("LOCAL_RANK"):
         launcher = os.getppid()  # torchrun's agent started this process

@@ -35,8 +35,9 @@ class SweepConfig:
 def base_recipe(recipe_path: Path, overrides: list[str]) -> tuple[Recipe, int]:
     """The recipe the sweep starts from, and its own ``model.max_seq_len``. Its data.seq_len
     may exceed that context (it is replaced per configuration), so it is read with the
-    context raised; everything else is validated as usual."""
-    probe = load_recipe(recipe_path, [*overrides, "data.seq_len=1"])
+    context raised; everything else is validated as usual. The probe that reads the context
+    runs one rank per window, which any length suits (CP cuts a window into 2 x CP chunks)."""
+    probe = load_recipe(recipe_path, [*overrides, "data.seq_len=1", "sharding.context_parallel=1"])
     raised = f"model.max_seq_len={2**40}"  # any length passes; configs set their own
     return load_recipe(recipe_path, [*overrides, raised]), probe.model.max_seq_len
 
@@ -64,7 +65,8 @@ def batch_for(seq: int, base_seq: int, gbs: int, micro: int, world: int, keep_se
 
 
 def _check_setting(setting: str, n_layers: int) -> None:
-    if setting != "auto" and not (setting.isdigit() and int(setting) <= n_layers):
+    digits = setting.isascii() and setting.isdigit()  # isdigit alone takes '²'
+    if setting != "auto" and not (digits and len(setting) < 10 and int(setting) <= n_layers):
         raise ConfigError(
             f"--activation-checkpoint-layers: '{setting}' is not 'auto' or a layer "
             f"count in 0..{n_layers}"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from yatrain.common import GIB, dumps_json
 from yatrain.plan import plan_memory
+from yatrain.plan.layout import check_planned_layout
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device, memory_limit
 from yatrain.recipe_load import load_recipe
 from yatrain.sweep.configs import base_recipe, shape_overrides
@@ -53,7 +54,9 @@ def plan_rows(
             sets, gbs, micro = shape_overrides(
                 base, max_seq_len, seq, cp, gpus, keep_seqs, overrides
             )
-            plan = plan_memory(load_recipe(recipe_path, sets), gpus, limit)
+            recipe = load_recipe(recipe_path, sets)
+            check_planned_layout(recipe, gpus, "--set sharding.shard_group_size=N")
+            plan = plan_memory(recipe, gpus, limit)
             sent = plan.traffic["full"]
             rows.append(
                 {
