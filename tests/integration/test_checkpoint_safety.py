@@ -147,6 +147,33 @@ def test_manifest_with_wrong_types_is_refused_and_the_older_one_used(
     assert losses(saved) == reference
 
 
+NESTED = "[" * 100_000 + "]" * 100_000  # valid JSON, deeper than Python's recursion limit
+
+
+def test_a_manifest_nested_too_deep_is_corrupt_for_every_command_and_auto_resume_falls_back(
+    saved, small_data, reference, tmp_path, capfd
+):
+    newest = saved / "checkpoints/step-4"
+    (newest / MANIFEST).write_text(NESTED)
+    cfg = recipe(small_data)
+    attempts = {
+        "open": lambda: open_checkpoint(newest),
+        "resume": lambda: train(small_data, saved, 6, resume=str(newest)),
+        "export": lambda: export_hf(newest, tmp_path / "hf"),
+        "init_from": lambda: init_from_source(newest, cfg.model, build_model(cfg.model)),
+        "eval": lambda: evaluate_checkpoint(newest, data=small_data),
+        "generate": lambda: generate_text(newest, "def ", max_new_tokens=2),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(CheckpointError, match="nested too deeply") as error:
+            attempt()
+        assert "\n" not in str(error.value), name
+    train(small_data, saved, 8)  # auto: falls back to step-2 and sets step-4 aside
+    assert "skipping step-4" in capfd.readouterr().err
+    assert (saved / "checkpoints/corrupt-step-4").is_dir()
+    assert losses(saved) == reference
+
+
 def _save_on_ranks(rank, world, data, run_dir):
     train(data, run_dir, 2)
     return rank
