@@ -90,6 +90,23 @@ def test_a_shared_cache_is_only_what_train_compile_cache_names(tmp_path):
             cache_for_run(str(shared), run_dir)
 
 
+def test_an_empty_compile_cache_or_a_default_inside_the_run_directory_is_refused(
+    tmp_path, monkeypatch
+):
+    """``train.compile_cache: ''`` made the current directory the cache; a default that
+    resolves into the run directory was taken where the same path named explicitly is not."""
+    run_dir = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match="train.compile_cache is empty") as refused:
+            cache_for_run(empty, run_dir)
+        assert "\n" not in str(refused.value)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(run_dir / "cache"))
+    with pytest.raises(ConfigError, match="default.* is inside the run directory"):
+        cache_for_run(None, run_dir)
+    assert not run_dir.exists()
+
+
 def test_a_read_only_cache_location_is_one_line(tmp_path, monkeypatch):
     """/proc/sys refuses writes even to root: one line at start, not an InductorError at the
     first step."""

@@ -78,9 +78,21 @@ def cache_for_run(explicit: str | None, run_dir: Path) -> Path:
     """The directory a compiled run keeps inductor's code in: ``train.compile_cache`` when
     set, else the private default; ConfigError (one line) for one it must not use."""
     if explicit is None:
-        return private_dir(default_dir())
+        path = default_dir()
+        if _inside(path, run_dir):
+            raise ConfigError(
+                f"the compile cache {path} (the default, under XDG_CACHE_HOME or ~/.cache) is "
+                f"inside the run directory {run_dir}, which others may copy or write to: set "
+                "XDG_CACHE_HOME outside it, or name a directory with train.compile_cache"
+            )
+        return private_dir(path)
+    if not explicit.strip():  # Path("") is the current directory
+        raise ConfigError(
+            "train.compile_cache is empty, which would make the current directory the cache: "
+            "name a directory, or remove train.compile_cache for the private default"
+        )
     path = Path(explicit).expanduser().absolute()
-    if path.resolve().is_relative_to(run_dir.absolute().resolve()):
+    if _inside(path, run_dir):
         raise ConfigError(
             f"train.compile_cache: {path} is inside the run directory {run_dir}, which others "
             f"may copy or write to ({SHARE_RULE}): name a directory outside it, or remove "
@@ -94,6 +106,10 @@ def cache_for_run(explicit: str | None, run_dir: Path) -> Path:
         )
     _check_writable(path, "train.compile_cache")
     return path
+
+
+def _inside(path: Path, run_dir: Path) -> bool:
+    return path.resolve().is_relative_to(run_dir.absolute().resolve())
 
 
 def private_dir(path: Path) -> Path:
