@@ -8,6 +8,8 @@ import errno
 import json
 import os
 import pickle
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -172,6 +174,33 @@ def test_a_manifest_nested_too_deep_is_corrupt_for_every_command_and_auto_resume
     assert "skipping step-4" in capfd.readouterr().err
     assert (saved / "checkpoints/corrupt-step-4").is_dir()
     assert losses(saved) == reference
+
+
+def test_export_to_a_dangling_symlink_is_one_line_naming_it(saved, isolated_env, tmp_path):
+    """A traceback, each line prefixed "[rank0]: " five times (once per one-rank process
+    group the export made): now one line naming the path, and the link left as it was."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere" / "x")
+    command = [sys.executable, "-m", "yatrain", "export", str(saved / "checkpoints/step-4")]
+    command += ["--output", str(link)]
+    result = subprocess.run(
+        command, env=isolated_env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("yatrain: error: --output ") and str(link) in line
+    assert "symbolic link" in line
+    assert os.readlink(link) == str(tmp_path / "nowhere" / "x")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")) == []
+
+
+def test_a_one_process_command_leaves_tracebacks_without_rank_prefixes(saved, tmp_path):
+    """The one-rank process groups a command makes for DCP leave the excepthook as it was
+    (torch wraps it at each one, prefixing every line of a traceback with "[rank0]: ")."""
+    hook = sys.excepthook
+    open_checkpoint(saved / "checkpoints/step-4")
+    export_hf(saved / "checkpoints/step-4", tmp_path / "hf")
+    assert sys.excepthook is hook
 
 
 def _save_on_ranks(rank, world, data, run_dir):
