@@ -19,6 +19,7 @@ from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
     _wait_for,
     full_state,
     losses,
+    recipe,
     train,
     uninterrupted,
 )
@@ -26,6 +27,8 @@ from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
 import yatrain.checkpoint.checksums as checksum
 import yatrain.data.loader as loader_module
 from yatrain.checkpoint import store as ckpt
+from yatrain.train.loop import pretrain
+from yatrain.train.setup import Checks
 
 ASYNC = "checkpoint.async=true"
 
@@ -73,6 +76,20 @@ def test_the_write_overlaps_the_next_steps_and_holds_the_saved_step(
     assert written.keys() == expected.keys()
     for key, value in expected.items():
         assert torch.equal(written[key], value), key
+
+
+def test_a_tensor_peak_step_after_an_async_save_counts_and_the_run_goes_on(small_data, tmp_path):
+    """``--tensor-peak-step 3`` with step 2's save in flight: counting every live tensor
+    met the staged state's DTensors (no storage of their own) and killed the run."""
+    cfg = recipe(small_data, "checkpoint.every=2", ASYNC)
+    pretrain(cfg, run_dir=tmp_path / "run", steps=4, progress=False, checks=Checks(tensor_step=3))
+    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").open()]
+    assert [r["peak_tensor_bytes"] is not None for r in records] == [False, False, True, False]
+    assert records[2]["peak_tensor_bytes"] > 0
+    assert [p.name for p in ckpt.complete_checkpoints(tmp_path / "run/checkpoints")] == [
+        "step-4",
+        "step-2",
+    ]
 
 
 def _train_on_ranks(rank, world, data, run_dir, steps, *extra):

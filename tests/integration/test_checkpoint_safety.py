@@ -8,6 +8,8 @@ import errno
 import json
 import os
 import pickle
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -145,6 +147,60 @@ def test_manifest_with_wrong_types_is_refused_and_the_older_one_used(
     assert "skipping step-4" in capfd.readouterr().err
     assert (saved / "checkpoints/corrupt-step-4").is_dir()
     assert losses(saved) == reference
+
+
+NESTED = "[" * 100_000 + "]" * 100_000  # valid JSON, deeper than Python's recursion limit
+
+
+def test_a_manifest_nested_too_deep_is_corrupt_for_every_command_and_auto_resume_falls_back(
+    saved, small_data, reference, tmp_path, capfd
+):
+    newest = saved / "checkpoints/step-4"
+    (newest / MANIFEST).write_text(NESTED)
+    cfg = recipe(small_data)
+    attempts = {
+        "open": lambda: open_checkpoint(newest),
+        "resume": lambda: train(small_data, saved, 6, resume=str(newest)),
+        "export": lambda: export_hf(newest, tmp_path / "hf"),
+        "init_from": lambda: init_from_source(newest, cfg.model, build_model(cfg.model)),
+        "eval": lambda: evaluate_checkpoint(newest, data=small_data),
+        "generate": lambda: generate_text(newest, "def ", max_new_tokens=2),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(CheckpointError, match="nested too deeply") as error:
+            attempt()
+        assert "\n" not in str(error.value), name
+    train(small_data, saved, 8)  # auto: falls back to step-2 and sets step-4 aside
+    assert "skipping step-4" in capfd.readouterr().err
+    assert (saved / "checkpoints/corrupt-step-4").is_dir()
+    assert losses(saved) == reference
+
+
+def test_export_to_a_dangling_symlink_is_one_line_naming_it(saved, isolated_env, tmp_path):
+    """A traceback, each line prefixed "[rank0]: " five times (once per one-rank process
+    group the export made): now one line naming the path, and the link left as it was."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere" / "x")
+    command = [sys.executable, "-m", "yatrain", "export", str(saved / "checkpoints/step-4")]
+    command += ["--output", str(link)]
+    result = subprocess.run(
+        command, env=isolated_env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("yatrain: error: --output ") and str(link) in line
+    assert "symbolic link" in line
+    assert os.readlink(link) == str(tmp_path / "nowhere" / "x")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")) == []
+
+
+def test_a_one_process_command_leaves_tracebacks_without_rank_prefixes(saved, tmp_path):
+    """The one-rank process groups a command makes for DCP leave the excepthook as it was
+    (torch wraps it at each one, prefixing every line of a traceback with "[rank0]: ")."""
+    hook = sys.excepthook
+    open_checkpoint(saved / "checkpoints/step-4")
+    export_hf(saved / "checkpoints/step-4", tmp_path / "hf")
+    assert sys.excepthook is hook
 
 
 def _save_on_ranks(rank, world, data, run_dir):

@@ -3,6 +3,7 @@ shared only through ``train.compile_cache``, and in place before torch is import
 
 from __future__ import annotations
 
+import getpass
 import os
 import stat
 import subprocess
@@ -89,6 +90,23 @@ def test_a_shared_cache_is_only_what_train_compile_cache_names(tmp_path):
             cache_for_run(str(shared), run_dir)
 
 
+def test_an_empty_compile_cache_or_a_default_inside_the_run_directory_is_refused(
+    tmp_path, monkeypatch
+):
+    """``train.compile_cache: ''`` made the current directory the cache; a default that
+    resolves into the run directory was taken where the same path named explicitly is not."""
+    run_dir = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match="train.compile_cache is empty") as refused:
+            cache_for_run(empty, run_dir)
+        assert "\n" not in str(refused.value)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(run_dir / "cache"))
+    with pytest.raises(ConfigError, match="default.* is inside the run directory"):
+        cache_for_run(None, run_dir)
+    assert not run_dir.exists()
+
+
 def test_a_read_only_cache_location_is_one_line(tmp_path, monkeypatch):
     """/proc/sys refuses writes even to root: one line at start, not an InductorError at the
     first step."""
@@ -133,3 +151,52 @@ def test_the_cache_is_where_the_run_says_during_and_after_the_run(
     pretrain(cfg, run_dir=tmp_path / "run", steps=2, progress=False)
     assert seen == [str(shared)] * 2
     assert os.environ[CACHE_ENV] == str(tmp_path / "torch-default")
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every entry under ``root``: its content (None for a directory) and modification time."""
+    return {
+        str(path.relative_to(root)): (
+            None if path.is_dir() else path.read_bytes(),
+            path.stat().st_mtime_ns,
+        )
+        for path in sorted(root.rglob("*"))
+    }
+
+
+def test_a_compiled_run_uses_nothing_planted_in_the_shared_temporary_directory(
+    small_data, tmp_path, isolated_env
+):
+    """Torch derives its precompiled header (included by every CPU kernel, kept if already
+    there) and other caches from $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says. A header
+    planted there with a constructor, and a file in each other such directory, before a
+    compiled run: nothing planted runs, nothing there is read into the run or written."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    torch_default = shared / f"torchinductor_{getpass.getuser()}"
+    planted = [
+        torch_default / "precompiled_headers" / "locks" / "planted.lock",
+        torch_default / "cache" / "planted",  # runtime/caching (memoizers)
+        torch_default / "cache" / "inductor_on_disk_cache" / "planted",
+        shared / "cache" / "on_disk_cache" / "planted",  # cache.py's OnDiskCache
+        torch_default / "fxgraph" / "planted",
+    ]
+    for path in planted:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("planted")
+    before = _tree(shared)
+    marker = tmp_path / "planted-code-ran"
+    env = dict(isolated_env, TMPDIR=str(shared), XDG_CACHE_HOME=str(tmp_path / "home-cache"))
+    env.update(PLANT_SHARED_TMP=str(shared), PLANT_MARKER=str(marker))
+    env.pop(CACHE_ENV, None)
+    sets = [f"--set={s}" for s in [*FAST, f"data.path={small_data}", "train.compile=true"]]
+    command = [sys.executable, str(ROOT / "tests/planted_header_run.py"), "pretrain"]
+    command += ["recipes/tiny.yaml", *sets, "--set=checkpoint.enabled=false", "--steps=1"]
+    command += ["--run-dir", str(tmp_path / "run"), "--no-progress"]
+    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not marker.exists(), "a header planted in the shared temporary directory ran"
+    assert _tree(shared) == before
+    private = tmp_path / "home-cache" / "yatrain" / "inductor"
+    assert list(private.glob("tmp/torchinductor_*/precompiled_headers/*.h"))  # its own

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -143,6 +144,17 @@ def _nested(folder: Path) -> None:
     (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
 
 
+def _nested_index(folder: Path) -> None:
+    nested = "[" * 100_000 + "]" * 100_000
+    (folder / "model.safetensors.index.json").write_text(f'{{"weight_map": {nested}}}')
+
+
+def _fifo_weights(folder: Path) -> None:
+    """A FIFO once read as "has no model.safetensors" (and reading one would block)."""
+    (folder / WEIGHTS).unlink()
+    os.mkfifo(folder / WEIGHTS)
+
+
 def _rope_string(config: dict) -> None:
     config.pop("rope_theta")
     config.pop("rope_scaling", None)
@@ -182,6 +194,18 @@ MALFORMED = [
     ("index_naming_config_json", _index_naming("config.json"), ["config.json", "weight_map"]),
     ("rope_parameters_string", edit_config(_rope_string), ["config.json", "rope_parameters"]),
     ("deeply_nested_config", _nested, ["config.json", "nested too deeply"]),
+    ("deeply_nested_index", _nested_index, ["model.safetensors.index.json", "nested too deeply"]),
+    ("weights_not_a_regular_file", _fifo_weights, [WEIGHTS, "is not a regular file"]),
+    (
+        "tie_word_embeddings_string",
+        edit_config(lambda config: config.update(tie_word_embeddings="true")),
+        ["config.json", "'tie_word_embeddings' is 'true', not true or false"],
+    ),
+    (
+        "mistyped_field_named_as_config_json_names_it",
+        edit_config(lambda config: config.update(rms_norm_eps="abc")),
+        ["config.json", "'rms_norm_eps' must be a finite number"],
+    ),
     (
         "huge_original_max_position_embeddings",
         edit_config(_huge_original),
@@ -200,6 +224,19 @@ def test_each_malformed_file_is_one_line_naming_the_file_and_field(folder, case,
     assert "\n" not in line and str(folder) in line
     for part in named:
         assert part in line, (case, line)
+
+
+def test_tensors_config_json_does_not_describe_are_refused_by_name(folder):
+    """A config.json that understates the depth (1 layer, the file holds 2) and a recipe
+    that agrees with it once trained the first layer only, the second silently ignored."""
+    edit_config(lambda config: config.update(num_hidden_layers=1))(folder)
+    cfg = dataclasses.replace(tiny(), n_layers=1)
+    with pytest.raises(ConfigError) as refused:
+        init_from_source(folder, cfg, build_model(cfg))
+    line = str(refused.value)
+    assert "\n" not in line and str(folder) in line
+    assert "holds tensors its config.json does not describe" in line
+    assert "model.layers.1.input_layernorm.weight" in line and "and 6 more" in line
 
 
 def _nan_weight(folder: Path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -202,11 +203,13 @@ def _group(alone: bool = False) -> Iterator[dist.ProcessGroup | None]:
         finally:
             dist.destroy_process_group(group)
     else:
+        hook = sys.excepthook  # torch wraps it to prefix "[rank0]: ", once per group made
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         try:
             yield None
         finally:
             dist.destroy_process_group()
+            sys.excepthook = hook
 
 
 def failure_message(error: BaseException) -> str:

@@ -50,6 +50,11 @@ def export_hf(
     checkpoint: Path, output: Path, dtype: str | None = None, *, verify: bool = True
 ) -> Path:
     """A ``LlamaForCausalLM`` directory: config.json, sharded safetensors, the tokenizer."""
+    if output.is_symlink():  # replacing it would write where it points, or fail
+        raise ConfigError(
+            f"--output {output} is a symbolic link (to {os.readlink(output)}): name a new "
+            "directory, or the directory it points to"
+        )
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: name a new directory")
     if output.exists() and any(output.iterdir()):

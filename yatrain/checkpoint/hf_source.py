@@ -52,7 +52,7 @@ class HFSource:
     def __init__(self, source: Path, cfg: ModelConfig) -> None:
         self.source, self.cfg, self.where = source, cfg, f"train.init_from {source}"
         try:
-            config = json.loads((source / "config.json").read_text())
+            config = json.loads(regular_file(source / "config.json", self.where).read_text())
             theirs = hf.model_config_from_hf(config)
         except (OSError, ValueError) as error:
             raise ConfigError(f"{self.where}: config.json is unreadable ({error})") from None
@@ -69,6 +69,7 @@ class HFSource:
             detail = ", ".join(f"model.{k} {_show(cfg, k)} vs {_show(theirs, k)}" for k in differs)
             raise ConfigError(f"{self.where} has another architecture ({detail})")
         self.weight_map = _weight_map(source)
+        _refuse_undescribed(set(self.weight_map), cfg, self.where)
         files = set(self.weight_map.values())
         self.headers = {file: read_header(source / file, self.where) for file in files}
         self.bytes_read = 0
@@ -144,7 +145,8 @@ def _show(cfg: ModelConfig, key: str) -> str:
 def _weight_map(source: Path) -> dict[str, str]:
     """Tensor name -> safetensors file of a Hugging Face directory, checked to stay in it."""
     where = f"train.init_from {source}"
-    index, single = source / "model.safetensors.index.json", source / "model.safetensors"
+    index = regular_file(source / "model.safetensors.index.json", where)
+    single = regular_file(source / "model.safetensors", where)
     try:
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -158,6 +160,8 @@ def _weight_map(source: Path) -> dict[str, str]:
             )
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"{where}: its safetensors index is unreadable ({error})") from None
+    except RecursionError:  # valid JSON deeper than Python's recursion limit
+        raise ConfigError(f"{where}: {index.name} is nested too deeply to be an index") from None
     files = set(weight_map.values()) if isinstance(weight_map, dict) else {None}
     for file in files:
         if not isinstance(file, str) or "/" in file or "\\" in file or file in ("", ".", ".."):
@@ -170,6 +174,31 @@ def _weight_map(source: Path) -> dict[str, str]:
                 f"{where}: its index's weight_map names {file!r}, not a .safetensors file "
                 "(weights are read only from safetensors): fix the index"
             )
-        if not (source / file).is_file():
+        if not regular_file(source / file, where).is_file():
             raise ConfigError(f"{where}: the weight file {file!r} is missing")
     return weight_map
+
+
+def regular_file(path: Path, where: str) -> Path:
+    """``path``, unless it exists as something other than a regular file (a FIFO would
+    block the read, a directory is not weights): then ConfigError naming it."""
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{where}: {path.name} is not a regular file: replace it with the file")
+    return path
+
+
+# Tensors a Hugging Face file may hold that are not weights (older Llama exports).
+_NOT_WEIGHTS = ".rotary_emb.inv_freq"
+
+
+def _refuse_undescribed(names: set[str], cfg: ModelConfig, where: str) -> None:
+    """Tensors that config.json does not describe mean it understates the model (fewer
+    layers, tied embeddings): loading the rest would train a truncated model."""
+    extra = sorted(n for n in names - hf.hf_names(cfg) if not n.endswith(_NOT_WEIGHTS))
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        raise ConfigError(
+            f"{where} holds tensors its config.json does not describe ({', '.join(extra[:3])}"
+            f"{more}): the weights are of a larger model than config.json says; fix "
+            "config.json (num_hidden_layers, tie_word_embeddings)"
+        )

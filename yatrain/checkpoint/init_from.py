@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from yatrain.checkpoint.hf_source import HFSource, Rows
+from yatrain.checkpoint.hf_source import HFSource, Rows, regular_file
 from yatrain.checkpoint.manifest import MANIFEST, open_checkpoint
 from yatrain.checkpoint.store import read_weights
 from yatrain.config import ModelConfig
@@ -58,7 +58,7 @@ def init_from_source(
     tensor only the rows this rank keeps (a Hugging Face directory), or whole units."""
     unit_names, norm_names = _unit_names(model)
     report = None
-    if (source / "config.json").is_file():
+    if regular_file(source / "config.json", f"train.init_from {source}").is_file():
         hf_source = HFSource(source, cfg)
         read: Reader = hf_source.fill
         report = hf_source.report

@@ -103,6 +103,10 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as error:
         raise CorruptCheckpoint(f"{manifest_path} is unreadable ({error})") from None
+    except RecursionError:  # valid JSON deeper than Python's recursion limit
+        raise CorruptCheckpoint(
+            f"{manifest_path} is invalid: nested too deeply to be a manifest"
+        ) from None
     problem = _schema_problem(manifest)
     if problem is not None:
         raise CorruptCheckpoint(f"{manifest_path} is invalid: {problem}")

@@ -123,8 +123,21 @@ def hf_config(cfg: ModelConfig, dtype: str, bos_id: int, eos_id: int) -> dict:
 
 
 def tied_embeddings(config: dict) -> bool:
-    """Whether the model's output head is its embedding (``tie_word_embeddings``)."""
-    return config.get("tie_word_embeddings") is True
+    """Whether the model's output head is its embedding (``tie_word_embeddings``); a value
+    other than true or false is refused (the string "true" once read as untied)."""
+    tied = config.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ConfigError(
+            f"config.json: 'tie_word_embeddings' is {tied!r:.60}, not true or false: fix it"
+        )
+    return tied
+
+
+def hf_names(cfg: ModelConfig) -> set[str]:
+    """The Hugging Face names of every tensor of a model of ``cfg``."""
+    top = [name for name in _TOP if not (cfg.tie_embeddings and name == "output.weight")]
+    layers = [f"layers.{i}.{rest}" for i in range(cfg.n_layers) for rest in _LAYER]
+    return {hf_name(name) for name in [*top, *layers]}
 
 
 def _rope(config: dict) -> tuple[str, dict]:
@@ -201,6 +214,21 @@ _REQUIRED_INTS = (
 )
 
 
+_CONFIG_KEYS = {  # model.KEY: the config.json key it is read from
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "ffn_dim": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "rope_theta": "rope_theta",
+    "norm_eps": "rms_norm_eps",
+    "max_seq_len": "max_position_embeddings",
+    "rope_scaling": "rope_scaling",
+    "tie_embeddings": "tie_word_embeddings",
+}
+
+
 def model_config_from_hf(config: dict) -> ModelConfig:
     """The architecture a Hugging Face Llama ``config.json`` describes; ConfigError for a
     missing or mistyped field."""
@@ -227,7 +255,13 @@ def model_config_from_hf(config: dict) -> ModelConfig:
         "rope_scaling": to_dict(rope_scaling_from_hf(config)),
         "tie_embeddings": tied_embeddings(config),
     }
-    cfg = build_dataclass(ModelConfig, {k: v for k, v in fields.items() if v is not None})
+    try:
+        cfg = build_dataclass(ModelConfig, {k: v for k, v in fields.items() if v is not None})
+    except ConfigError as error:  # named as the recipe names them: name config.json's keys
+        message = str(error)
+        for ours, theirs in _CONFIG_KEYS.items():
+            message = message.replace(f"'{ours}'", f"'{theirs}'")
+        raise ConfigError(f"config.json: {message}") from None
     head_dim = config.get("head_dim")
     if head_dim is not None and head_dim != cfg.head_dim:
         raise ConfigError(f"head_dim {head_dim} is not hidden_size / num_attention_heads")

@@ -18,6 +18,17 @@ is imported, so ``protect_process`` points the variable at the private directory
 the command line imports anything of torch (even ``yatrain plan``). Where that directory
 cannot be used the process gets a fresh private temporary one instead, removed at exit,
 and a compiled run is refused in one line saying why (``cache_for_run``).
+
+The variable does not cover everything: torch derives other directories from
+``tempfile.gettempdir()`` whatever it says, inductor's precompiled C++ header (included by
+every CPU kernel, fixed when inductor is imported, kept if already there) among them, and
+its other on-disk caches (``torchinductor_$USER/cache``, ``cache/``). On a shared /tmp
+anyone could create them first and plant a header that runs as the next user. So
+``protect_process`` also gives the process (and its children: ranks, compiler) a private
+temporary directory, ``tmp`` inside the private cache (``TMPDIR``, the one public way to
+move them): nothing of torch's defaults is read or written in the shared one. A process
+that imported torch before yatrain (a library user, the test suite) keeps its own: torch
+has fixed the header's directory by then.
 """
 
 from __future__ import annotations
@@ -26,12 +37,14 @@ import atexit
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
 from yatrain.errors import ConfigError
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TEMP_ENV = "TMPDIR"
 SHARE_RULE = "a compile cache is code: share it only with people you would let run code as you"
 
 
@@ -43,21 +56,43 @@ def default_dir() -> Path:
 
 def protect_process() -> None:
     """Point inductor at the private cache before torch is imported (see the module doc)."""
-    try:
-        path = private_dir(default_dir())
-    except (ConfigError, OSError):
-        path = Path(tempfile.mkdtemp(prefix="yatrain-inductor-"))  # 0700, ours
-        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    path = _private_or_fresh(default_dir())
     os.environ[CACHE_ENV] = str(path)
+    if "torch" not in sys.modules:
+        temporary = _private_or_fresh(path / "tmp")
+        os.environ[TEMP_ENV] = str(temporary)
+        tempfile.tempdir = str(temporary)  # gettempdir() may have cached the shared one
+
+
+def _private_or_fresh(path: Path) -> Path:
+    """``path`` if it is private, else a fresh private temporary directory removed at exit."""
+    try:
+        return private_dir(path)
+    except (ConfigError, OSError):
+        fresh = Path(tempfile.mkdtemp(prefix="yatrain-inductor-"))  # 0700, ours
+        atexit.register(shutil.rmtree, fresh, ignore_errors=True)
+        return fresh
 
 
 def cache_for_run(explicit: str | None, run_dir: Path) -> Path:
     """The directory a compiled run keeps inductor's code in: ``train.compile_cache`` when
     set, else the private default; ConfigError (one line) for one it must not use."""
     if explicit is None:
-        return private_dir(default_dir())
+        path = default_dir()
+        if _inside(path, run_dir):
+            raise ConfigError(
+                f"the compile cache {path} (the default, under XDG_CACHE_HOME or ~/.cache) is "
+                f"inside the run directory {run_dir}, which others may copy or write to: set "
+                "XDG_CACHE_HOME outside it, or name a directory with train.compile_cache"
+            )
+        return private_dir(path)
+    if not explicit.strip():  # Path("") is the current directory
+        raise ConfigError(
+            "train.compile_cache is empty, which would make the current directory the cache: "
+            "name a directory, or remove train.compile_cache for the private default"
+        )
     path = Path(explicit).expanduser().absolute()
-    if path.resolve().is_relative_to(run_dir.absolute().resolve()):
+    if _inside(path, run_dir):
         raise ConfigError(
             f"train.compile_cache: {path} is inside the run directory {run_dir}, which others "
             f"may copy or write to ({SHARE_RULE}): name a directory outside it, or remove "
@@ -71,6 +106,10 @@ def cache_for_run(explicit: str | None, run_dir: Path) -> Path:
         )
     _check_writable(path, "train.compile_cache")
     return path
+
+
+def _inside(path: Path, run_dir: Path) -> bool:
+    return path.resolve().is_relative_to(run_dir.absolute().resolve())
 
 
 def private_dir(path: Path) -> Path:

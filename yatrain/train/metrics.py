@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from yatrain.common import DTYPES
 from yatrain.config import Recipe
@@ -187,7 +188,7 @@ class StepMeter:
             return
         eager = torch.compiler.set_stance("force_eager")
         with eager, LiveTensorTracker(self.device) as tracker:
-            tracker.adopt(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+            tracker.adopt(o for o in gc.get_objects() if _owns_storage(o))
             tracker.reset_peak()
             yield
         self.tensor_peak = tracker.peak
@@ -256,3 +257,9 @@ class StepMeter:
         """The run's summary over every window (``report.run_summary``)."""
         wall = time.perf_counter() - self.run_start
         return run_summary(self.records, wall, run_dir, self.dtype, self.runtime.world_size)
+
+
+def _owns_storage(value: object) -> bool:
+    """A tensor with storage of its own: a DTensor (an asynchronous save's staged state,
+    alive while the write is in flight) has none; its local tensor is counted instead."""
+    return issubclass(type(value), torch.Tensor) and not isinstance(value, DTensor)
