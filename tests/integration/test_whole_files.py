@@ -18,8 +18,8 @@ from yatrain.errors import ConfigError
 from yatrain.output.html_report import write_report
 from yatrain.output.record import MetricsFile, read_metrics
 from yatrain.recipe_load import load_recipe
+from yatrain.sweep import plan_sweep, run_sweep
 from yatrain.sweep import run as sweep_run
-from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain
 
 TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2"]
@@ -83,6 +83,30 @@ def test_sweep_output_a_file_and_garbage_results_are_one_line(small_data, tmp_pa
     (out_dir / "results.jsonl").write_text('{"row": {"name": "a"}}\n[1, 2]\n')
     with pytest.raises(ConfigError, match="results.jsonl line 2 is not a sweep result"):
         sweep(out_dir, small_data, monkeypatch)
+
+
+def plan_only(out_dir):
+    """``yatrain sweep --plan-only`` of the tiny model (nothing trains)."""
+    return plan_sweep(ROOT / "recipes/tiny.yaml", [32], [1], 1, output=out_dir, overrides=TINY)
+
+
+def test_plan_only_sweep_never_writes_over_or_through_a_users_files(tmp_path):
+    """It wrote over a user's plan.csv and through a link at plan.png."""
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "plan.csv").write_text("my,own,plan\n")
+    with pytest.raises(ConfigError, match="is not empty and is not a yatrain sweep directory"):
+        plan_only(users)
+    assert [(p.name, p.read_text()) for p in users.iterdir()] == [("plan.csv", "my,own,plan\n")]
+    out_dir = tmp_path / "plan"
+    plan_only(out_dir)
+    (tmp_path / "picture.png").write_bytes(b"mine")
+    (out_dir / "plan.png").unlink()
+    (out_dir / "plan.png").symlink_to(tmp_path / "picture.png")
+    plan_only(out_dir)  # its own directory: the link is replaced, not followed
+    assert (tmp_path / "picture.png").read_bytes() == b"mine"
+    assert not (out_dir / "plan.png").is_symlink()
+    assert (out_dir / "plan.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ------------------------------------------------------------------ 2. a full disk

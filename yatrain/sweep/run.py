@@ -18,7 +18,7 @@ from pathlib import Path
 
 from yatrain.common import dumps_json
 from yatrain.errors import ConfigError
-from yatrain.files import RecordFile, cut_torn_tail, make_directory
+from yatrain.files import RecordFile, cut_torn_tail, make_directory, no_follow, touch
 from yatrain.output.record import (
     largest_peak_memory,
     largest_tensor_peak,
@@ -61,7 +61,7 @@ def config_command(
 
 def launch(command: list[str], log_path: Path) -> tuple[int, str]:
     """Run one configuration; its output goes to ``log_path``. Returns (exit code, output)."""
-    with log_path.open("w") as log:
+    with open(log_path, "w", opener=no_follow) as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     return proc.returncode, log_path.read_text(errors="replace")
 
@@ -105,7 +105,7 @@ def run_config(
             "pass another --output"
         )
     run_dir.mkdir(parents=True)
-    (run_dir / LOCK_FILE).touch()  # a run directory (pretrain refuses other non-empty ones)
+    touch(run_dir / LOCK_FILE)  # a run directory (pretrain refuses other non-empty ones)
     code, output = launch(
         config_command(recipe_path, config, run_dir, nproc, warmup), run_dir / "output.log"
     )
@@ -141,7 +141,7 @@ def claim_output(out_dir: Path) -> None:
             f"{SWEEP_MARK}): pass a new or empty directory"
         )
     make_directory(out_dir, "--output")
-    (out_dir / SWEEP_MARK).touch()
+    touch(out_dir / SWEEP_MARK)
 
 
 def load_done(out_dir: Path) -> dict[str, dict]:
