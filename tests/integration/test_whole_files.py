@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import sys
 
 import pytest
 from conftest import FAST, ROOT
@@ -14,6 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from yatrain.checkpoint.manifest import CheckpointError
 from yatrain.checkpoint.store import PendingSave, save_failure
+from yatrain.cli import main
 from yatrain.errors import ConfigError
 from yatrain.output.html_report import write_report
 from yatrain.output.record import MetricsFile, read_metrics
@@ -215,3 +217,33 @@ def test_a_checkpoint_save_onto_a_full_disk_says_so(small_data, tmp_path, monkey
     assert f"no space left on device at {run_dir / 'checkpoints'} (needs about" in line, line
     assert "unexpected pos" not in line and "\n" not in line
     assert list((run_dir / "checkpoints").iterdir()) == []
+
+
+# ------------------------------------------------------------------ 3. paths in the way
+
+
+def test_a_path_in_the_way_is_one_line_naming_it(logged_run, tmp_path, monkeypatch, capsys):
+    """A directory where a file belongs (config.yaml, report.html) or a file above an
+    --output was a traceback."""
+    source, overrides = logged_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    (run_dir / "config.yaml").unlink()
+    (run_dir / "config.yaml").mkdir()
+    (tmp_path / "rep/report.html").mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    sets = [f"--set={s}" for s in overrides]
+    commands = {
+        "config.yaml": ["pretrain", str(ROOT / "recipes/tiny.yaml"), *sets, "--steps", "6"],
+        "report.html": ["report", str(source), "--output", str(tmp_path / "rep")],
+        "file": ["prepare-data", "--output", str(tmp_path / "file/data"), "--vocab-size", "512"],
+    }
+    commands["config.yaml"] += ["--run-dir", str(run_dir), "--no-progress"]
+    for name, args in commands.items():
+        monkeypatch.setattr(sys, "argv", ["yatrain", *args])
+        with pytest.raises(SystemExit) as ended:
+            main()
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert ended.value.code == 2 and len(errors) == 1, errors
+        assert name in errors[0] and str(tmp_path) in errors[0], errors[0]
+    assert (run_dir / "config.yaml").is_dir() and (tmp_path / "file").read_text() == "x"
