@@ -88,6 +88,16 @@ class StepGuard:
         self.run_dir_deleted = bool(deleted)
         return bool(stop or deleted), bool(nonfinite)
 
+    def stop_after_save(self) -> bool:
+        """Whether a signal reached any rank during a save (collective, once per save):
+        the run stops there, as the save announced, rather than after one more step."""
+        flag = torch.tensor(float(self.signal_name is not None), device=self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and self.signal_name is None:
+            self.signal_name = "a signal on another rank"
+        return bool(flag.item())
+
     def weights_finite(self, tensors: list[torch.Tensor]) -> bool:
         """Whether every element of ``tensors`` (this rank's shards) is finite on every
         rank; collective."""

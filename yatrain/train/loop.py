@@ -131,6 +131,9 @@ def train(run: Run) -> dict:
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
                 with guard.during_save(step_number):
                     save(run, step_number, final=outcome.stop or step_number == total)
+                if not outcome.stop and step_number < total and guard.stop_after_save():
+                    run.checkpointer.wait()  # a background save: whole before the run stops
+                    raise Interrupted(_stop_message(run, guard, step_number))
             elif (written := run.checkpointer.written()) is not None:
                 run.loggers.say(f"saved {written} (written in the background)")
             if outcome.stop:
