@@ -61,6 +61,7 @@ def main() -> None:
         sys.exit(1)
     except Interrupted as stopped:
         print(f"yatrain: {stopped}", file=sys.stderr)
+        tell_launcher(str(stopped), 130, follows_another=stopped.by_another)  # a clean stop
         sys.exit(130)
     except (YatrainError, OSError) as error:
         if debug or (isinstance(error, OSError) and not _about_a_path(error)):
