@@ -100,6 +100,8 @@ def test_plan_only_sweep_never_writes_over_or_through_a_users_files(tmp_path):
     with pytest.raises(ConfigError, match="is not empty and is not a yatrain sweep directory"):
         plan_only(users)
     assert [(p.name, p.read_text()) for p in users.iterdir()] == [("plan.csv", "my,own,plan\n")]
+    with pytest.raises(ConfigError, match="plan.csv is a file, not a directory"):
+        plan_only(users / "plan.csv/below")
     out_dir = tmp_path / "plan"
     plan_only(out_dir)
     (tmp_path / "picture.png").write_bytes(b"mine")
@@ -223,13 +225,14 @@ def test_a_checkpoint_save_onto_a_full_disk_says_so(small_data, tmp_path, monkey
 
 
 def test_a_path_in_the_way_is_one_line_naming_it(logged_run, tmp_path, monkeypatch, capsys):
-    """A directory where a file belongs (config.yaml, report.html) or a file above an
-    --output was a traceback."""
+    """A directory where a file belongs (config.yaml, metrics.jsonl, report.html) or a file
+    above an --output was a traceback."""
     source, overrides = logged_run
-    run_dir = tmp_path / "run"
-    shutil.copytree(source, run_dir)
-    (run_dir / "config.yaml").unlink()
-    (run_dir / "config.yaml").mkdir()
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    for folder, name in ((run_dir, "config.yaml"), (other, "metrics.jsonl")):
+        shutil.copytree(source, folder)
+        (folder / name).unlink()
+        (folder / name).mkdir()
     (tmp_path / "rep/report.html").mkdir(parents=True)
     (tmp_path / "file").write_text("x")
     sets = [f"--set={s}" for s in overrides]
@@ -238,7 +241,8 @@ def test_a_path_in_the_way_is_one_line_naming_it(logged_run, tmp_path, monkeypat
         "report.html": ["report", str(source), "--output", str(tmp_path / "rep")],
         "file": ["prepare-data", "--output", str(tmp_path / "file/data"), "--vocab-size", "512"],
     }
-    commands["config.yaml"] += ["--run-dir", str(run_dir), "--no-progress"]
+    commands["metrics.jsonl"] = [*commands["config.yaml"], "--run-dir", str(other)]
+    commands["config.yaml"] += ["--run-dir", str(run_dir)]
     for name, args in commands.items():
         monkeypatch.setattr(sys, "argv", ["yatrain", *args])
         with pytest.raises(SystemExit) as ended:
