@@ -27,4 +27,9 @@ class LostPeer(TrainingError):
 
 
 class Interrupted(YatrainError):
-    """Stopped on SIGTERM/SIGINT after saving a checkpoint; resumable."""
+    """Stopped on SIGTERM/SIGINT after saving a checkpoint; resumable. ``by_another``: the
+    signal reached another rank, not this one (a launcher names that one)."""
+
+    def __init__(self, message: str, by_another: bool = False) -> None:
+        super().__init__(message)
+        self.by_another = by_another

@@ -6,26 +6,66 @@ leaves the earlier file (or none), never a cut one. A file grown record by recor
 (``metrics.jsonl``, a sweep's ``results.jsonl``) gets each record in one write; a record
 the disk could not take is cut back at once, and a torn tail left by a killed process is
 cut back when the file is next opened.
+
+Nothing yatrain writes in a run directory, a checkpoint directory or a sweep's output
+follows a symbolic link at the file's own name: a file is opened with ``O_NOFOLLOW``
+(``no_follow``, ``open_fd``) or replaced by rename (``replacing``), so a link planted there
+never makes yatrain truncate or overwrite the file it points to. The directories on the way
+may be links (``runs -> /scratch/runs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from yatrain.errors import ConfigError
 
 
+def open_fd(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that never follows a symbolic link at ``path`` itself: a link there is
+    refused in one line naming it (its target is left alone)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP and os.path.islink(path):
+            raise ConfigError(
+                f"{path} is a symbolic link: yatrain does not write through links in its "
+                "directories; remove the link (what it points to is untouched) and rerun"
+            ) from None
+        raise
+
+
+def no_follow(path: str | os.PathLike, flags: int) -> int:
+    """An ``opener`` for ``open()`` (``open(path, "w", opener=no_follow)``): ``open_fd``."""
+    return open_fd(Path(path), flags)
+
+
+def _exclusive(path: str | os.PathLike, flags: int) -> int:
+    return open_fd(Path(path), flags | os.O_EXCL)
+
+
+def touch(path: Path) -> None:
+    """Create ``path`` if missing (never through a link)."""
+    os.close(open_fd(path, os.O_WRONLY | os.O_CREAT))
+
+
 @contextlib.contextmanager
-def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write; renamed over ``path`` when the block ends
-    without an error, removed when it fails."""
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """A new file beside ``path`` to write (binary); renamed over ``path`` when the block
+    ends without an error (a link at ``path`` is replaced, not followed), removed when it
+    fails."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        yield tmp
-        with tmp.open("rb+") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a stale one (a killed process had this PID): gone, never followed
+        with open(tmp, "wb", opener=_exclusive) as f:
+            yield f
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as error:
@@ -40,11 +80,8 @@ def replacing(path: Path) -> Iterator[Path]:
 
 def write_whole(path: Path, data: str | bytes, encoding: str = "utf-8") -> Path:
     """Write ``data`` to ``path`` whole or not at all; returns ``path``."""
-    with replacing(path) as tmp:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding=encoding)
-        else:
-            tmp.write_bytes(data)
+    with replacing(path) as f:
+        f.write(data.encode(encoding) if isinstance(data, str) else data)
     return path
 
 
@@ -63,28 +100,32 @@ def make_directory(path: Path, flag: str) -> bool:
 
 def cut_torn_tail(path: Path) -> int:
     """Cut a last line that has no newline (a record a killed writer left half-written);
-    returns the bytes removed."""
-    if not path.is_file():
+    returns the bytes removed (nothing when there is no file)."""
+    try:
+        fd = open_fd(path, os.O_RDWR)
+    except FileNotFoundError:
         return 0
-    with path.open("rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return 0
-        f.seek(max(0, size - 1))
-        if f.read(1) == b"\n":
-            return 0
-        keep = _end_of_last_line(f, size)
-        f.truncate(keep)
-        return size - keep
+    try:
+        return _cut_torn_tail(fd)
+    finally:
+        os.close(fd)
 
 
-def _end_of_last_line(f, size: int) -> int:
+def _cut_torn_tail(fd: int) -> int:
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    keep = _end_of_last_line(fd, size)
+    os.ftruncate(fd, keep)
+    return size - keep
+
+
+def _end_of_last_line(fd: int, size: int) -> int:
     """The offset just past the last newline of an open file (0 when it has none)."""
     position = size
     while position > 0:
         start = max(0, position - (1 << 16))
-        f.seek(start)
-        chunk = f.read(position - start)
+        chunk = os.pread(fd, position - start, start)
         found = chunk.rfind(b"\n")
         if found >= 0:
             return start + found + 1
@@ -100,8 +141,12 @@ class RecordFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.torn_bytes = cut_torn_tail(path)
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = open_fd(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            self.torn_bytes = _cut_torn_tail(self.fd)
+        except BaseException:
+            self.close()
+            raise
 
     def append(self, line: str) -> None:
         """Append ``line`` (a newline is added) whole, or raise and leave the file as it was."""

@@ -198,7 +198,8 @@ def test_plan_only_sweep_tabulates_the_planner_without_training(tmp_path):
     assert cut["fits"] is True and cut["context_bytes_per_step"] > 0
     assert rows[1]["activation_checkpoint_layers"] < rows[0]["activation_checkpoint_layers"]
     assert "| 131,072 | 8 | 18 |" in result.stdout and "no: CP 2 fits" in result.stdout
-    assert {p.name for p in tmp_path.iterdir()} == {"plan.csv", "plan.json", "plan.png"}
+    written = {p.name for p in tmp_path.iterdir()}
+    assert written == {"plan.csv", "plan.json", "plan.png", sweep_run.SWEEP_MARK}
     with (tmp_path / "plan.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import sys
 
 import pytest
 from conftest import FAST, ROOT
@@ -14,12 +15,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from yatrain.checkpoint.manifest import CheckpointError
 from yatrain.checkpoint.store import PendingSave, save_failure
+from yatrain.cli import main
 from yatrain.errors import ConfigError
 from yatrain.output.html_report import write_report
 from yatrain.output.record import MetricsFile, read_metrics
 from yatrain.recipe_load import load_recipe
+from yatrain.sweep import plan_sweep, run_sweep
 from yatrain.sweep import run as sweep_run
-from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain
 
 TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2"]
@@ -83,6 +85,32 @@ def test_sweep_output_a_file_and_garbage_results_are_one_line(small_data, tmp_pa
     (out_dir / "results.jsonl").write_text('{"row": {"name": "a"}}\n[1, 2]\n')
     with pytest.raises(ConfigError, match="results.jsonl line 2 is not a sweep result"):
         sweep(out_dir, small_data, monkeypatch)
+
+
+def plan_only(out_dir):
+    """``yatrain sweep --plan-only`` of the tiny model (nothing trains)."""
+    return plan_sweep(ROOT / "recipes/tiny.yaml", [32], [1], 1, output=out_dir, overrides=TINY)
+
+
+def test_plan_only_sweep_never_writes_over_or_through_a_users_files(tmp_path):
+    """It wrote over a user's plan.csv and through a link at plan.png."""
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "plan.csv").write_text("my,own,plan\n")
+    with pytest.raises(ConfigError, match="is not empty and is not a yatrain sweep directory"):
+        plan_only(users)
+    assert [(p.name, p.read_text()) for p in users.iterdir()] == [("plan.csv", "my,own,plan\n")]
+    with pytest.raises(ConfigError, match="plan.csv is a file, not a directory"):
+        plan_only(users / "plan.csv/below")
+    out_dir = tmp_path / "plan"
+    plan_only(out_dir)
+    (tmp_path / "picture.png").write_bytes(b"mine")
+    (out_dir / "plan.png").unlink()
+    (out_dir / "plan.png").symlink_to(tmp_path / "picture.png")
+    plan_only(out_dir)  # its own directory: the link is replaced, not followed
+    assert (tmp_path / "picture.png").read_bytes() == b"mine"
+    assert not (out_dir / "plan.png").is_symlink()
+    assert (out_dir / "plan.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ------------------------------------------------------------------ 2. a full disk
@@ -191,3 +219,35 @@ def test_a_checkpoint_save_onto_a_full_disk_says_so(small_data, tmp_path, monkey
     assert f"no space left on device at {run_dir / 'checkpoints'} (needs about" in line, line
     assert "unexpected pos" not in line and "\n" not in line
     assert list((run_dir / "checkpoints").iterdir()) == []
+
+
+# ------------------------------------------------------------------ 3. paths in the way
+
+
+def test_a_path_in_the_way_is_one_line_naming_it(logged_run, tmp_path, monkeypatch, capsys):
+    """A directory where a file belongs (config.yaml, metrics.jsonl, report.html) or a file
+    above an --output was a traceback."""
+    source, overrides = logged_run
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    for folder, name in ((run_dir, "config.yaml"), (other, "metrics.jsonl")):
+        shutil.copytree(source, folder)
+        (folder / name).unlink()
+        (folder / name).mkdir()
+    (tmp_path / "rep/report.html").mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    sets = [f"--set={s}" for s in overrides]
+    commands = {
+        "config.yaml": ["pretrain", str(ROOT / "recipes/tiny.yaml"), *sets, "--steps", "6"],
+        "report.html": ["report", str(source), "--output", str(tmp_path / "rep")],
+        "file": ["prepare-data", "--output", str(tmp_path / "file/data"), "--vocab-size", "512"],
+    }
+    commands["metrics.jsonl"] = [*commands["config.yaml"], "--run-dir", str(other)]
+    commands["config.yaml"] += ["--run-dir", str(run_dir)]
+    for name, args in commands.items():
+        monkeypatch.setattr(sys, "argv", ["yatrain", *args])
+        with pytest.raises(SystemExit) as ended:
+            main()
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert ended.value.code == 2 and len(errors) == 1, errors
+        assert name in errors[0] and str(tmp_path) in errors[0], errors[0]
+    assert (run_dir / "config.yaml").is_dir() and (tmp_path / "file").read_text() == "x"

@@ -1,8 +1,9 @@
 """The ``yatrain`` command line: thin wrappers that turn flags into library calls.
 
 User errors (``YatrainError``), a full or read-only disk (``OSError`` ENOSPC, EDQUOT,
-EROFS, EACCES) and a path the file system refuses (ENAMETOOLONG) become one line on stderr
-and exit code 2; ``--debug`` shows the traceback
+EROFS, EACCES), a path the file system refuses (ENAMETOOLONG) and any other ``OSError``
+that names its path (a directory where a file belongs, a file where a directory does)
+become one line on stderr and exit code 2; ``--debug`` shows the traceback
 instead. Anything else is a bug and keeps its traceback.
 
 Each command lives in the module of its concept (``data``, ``train``, ``checkpoints``) and
@@ -60,9 +61,10 @@ def main() -> None:
         sys.exit(1)
     except Interrupted as stopped:
         print(f"yatrain: {stopped}", file=sys.stderr)
+        tell_launcher(str(stopped), 130, follows_another=stopped.by_another)  # a clean stop
         sys.exit(130)
     except (YatrainError, OSError) as error:
-        if debug or (isinstance(error, OSError) and error.errno not in _USER_OS_ERRORS):
+        if debug or (isinstance(error, OSError) and not _about_a_path(error)):
             raise
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
@@ -76,6 +78,11 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+def _about_a_path(error: OSError) -> bool:
+    """An error of the disk, or of a path it names (what was there), not of yatrain."""
+    return error.errno in _USER_OS_ERRORS or bool(error.filename)
+
+
 def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG:
         return (
@@ -84,5 +91,7 @@ def _one_line(error: BaseException) -> str:
         )
     if isinstance(error, OSError):
         where = f": {error.filename}" if error.filename else ""
+        if error.errno not in _DISK_ERRORS:
+            return f"{error.strerror or error}{where}: move it away or pass another path"
         return f"{error.strerror or error}{where}; free space or fix permissions, then rerun"
     return str(error)

@@ -101,8 +101,8 @@ def _save(plt, fig, path: Path) -> Path:
     """The figure as ``path``, written whole or not at all."""
     try:
         fig.tight_layout()
-        with replacing(path) as tmp:
-            fig.savefig(tmp, format="png")
+        with replacing(path) as file:
+            fig.savefig(file, format="png")
     finally:
         plt.close(fig)
     return path

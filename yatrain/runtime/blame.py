@@ -15,6 +15,10 @@ written:
    signal it sends; ``StoppedRanks`` keeps their process ids).
 
 The exit code is the first rank's: its own, or 128+N when signal N killed it.
+
+A clean stop is no failure: when every rank saved and stopped on a signal (exit code 130,
+said in its error file), ``clean_stop`` names the rank the signal reached (not one that
+stopped only because another did).
 """
 
 from __future__ import annotations
@@ -65,6 +69,19 @@ def first_failed(failures: Mapping[int, ProcessFailure], stopped: set[int]) -> i
         return tier, _written_at(failure), rank
 
     return min(failures, key=order)
+
+
+STOPPED = 130  # a rank that saved and stopped on SIGTERM/SIGINT (cli.main's Interrupted)
+
+
+def clean_stop(failures: Mapping[int, ProcessFailure], world: int) -> str | None:
+    """One line when every rank that ended stopped cleanly on a signal, naming the rank it
+    reached and its own line; None otherwise (a failure to summarise)."""
+    said = {rank: error_data(failure) or {} for rank, failure in failures.items()}
+    if not said or any(data.get("exitcode") != STOPPED for data in said.values()):
+        return None
+    rank = min(said, key=lambda r: (bool(said[r].get("follows_another")), r))
+    return f"rank {rank} of {world} {said[rank].get('message')}"
 
 
 def summary(

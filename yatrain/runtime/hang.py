@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from yatrain.files import write_whole
+from yatrain.files import no_follow, write_whole
 
 POLL_S = 0.1  # how often the collecting rank looks for the notes still missing
 
@@ -48,7 +48,7 @@ class StackFile:
     def __init__(self, run_dir: Path, rank: int) -> None:
         hang_dir(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = hang_dir(run_dir) / f"stack-rank{rank}.txt"
-        self.file = self.path.open("w")
+        self.file = open(self.path, "w", opener=no_follow)  # noqa: SIM115 -- closed in close()
 
     def arm(self, timeout_s: float | None) -> None:
         """Dump after ``timeout_s`` unless re-armed first (None: never)."""

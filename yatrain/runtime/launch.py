@@ -12,11 +12,12 @@ CPU at most max(8, 2 x cores) unless ``--oversubscribe``), and so is the endpoin
 job on several nodes (``rendezvous.py``); the launcher says what it waits for and for how
 long (``--rdzv-timeout``), and a failed wait is one line. Never orphaned: each rank dies
 with its launcher (``launcher_link.py``). When ranks fail it prints two lines, naming the
-rank that failed first (``blame.py``). A job that succeeds prints nothing of the launcher's
-and leaves no logs; nor does a job refused before its ranks start. SIGTERM and SIGINT are
-passed to the ranks (torch's agent does it), which save a checkpoint and stop as under
-torchrun; ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (seconds, default 30) is how long they get
-before SIGKILL.
+rank that failed first (``blame.py``); ranks that all saved and stopped on a signal are no
+failure: one line names the rank the signal reached. A job that succeeds prints nothing of
+the launcher's and leaves no logs; nor does a job refused before its ranks start. SIGTERM
+and SIGINT are passed to the ranks (torch's agent does it), which save a checkpoint and
+stop as under torchrun; ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (seconds, default 30) is how long
+they get before SIGKILL.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from yatrain.errors import ConfigError, TrainingError
-from yatrain.runtime.blame import StoppedRanks, summary
+from yatrain.errors import ConfigError, Interrupted, TrainingError
+from yatrain.runtime.blame import StoppedRanks, clean_stop, summary
 from yatrain.runtime.launcher_link import LAUNCHER_PID
 from yatrain.runtime.rendezvous import Endpoint, failure_line, parse_endpoint, reach, waiting_line
 
@@ -227,6 +228,9 @@ def launch(job: Launch, argv: Sequence[str]) -> int:
             config = job.config(log_dir, run_id, left)
             elastic_launch(config, sys.executable)("-m", "yatrain", *worker_args(argv))
     except ChildFailedError as failed:
+        stop = clean_stop(failed.failures, job.world_sizes()[0])
+        if stop is not None:
+            raise Interrupted(stop) from None
         lines, code = summary(failed.failures, job.world_sizes()[0], log_dir, stopped.pids)
         print("\n".join(lines), file=sys.stderr)
         keep_logs = True

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 LAUNCHER_PID = "YATRAIN_LAUNCHER_PID"  # set by launch.py for the ranks it starts
@@ -46,6 +47,19 @@ def die_with_launcher() -> None:
         ).start()
     if os.getppid() != launcher:  # it died before this process asked
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def tie_to_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that is not a yatrain rank (a sweep's configuration,
+    torchrun's agent): the kernel ends it with SIGKILL when this process dies, as
+    ``die_with_launcher`` ends a rank (Linux; elsewhere nothing)."""
+    parent = os.getpid()
+
+    def tie() -> None:
+        if _kernel_kills_orphan() and os.getppid() != parent:  # died before the child asked
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return tie
 
 
 def _kernel_kills_orphan() -> bool:

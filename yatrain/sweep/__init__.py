@@ -24,7 +24,7 @@ from yatrain.sweep.planned import (
 )
 from yatrain.sweep.plots import draw_plots
 from yatrain.sweep.report import format_table, log_to_wandb, memory_note, write_tables
-from yatrain.sweep.run import run_configs
+from yatrain.sweep.run import claim_output, run_configs
 
 
 @dataclass
@@ -121,6 +121,7 @@ def plan_sweep(
         "gpu_memory_source": source,
         "keep_batch_sequences": keep_batch_sequences,
     }
+    claim_output(out_dir)  # a user's directory is refused; a link there is replaced
     files = write_plan_tables(rows, out_dir, meta)
     files.append(draw_plan_plots(rows, out_dir, recipe.stem))
     return SweepResult(out_dir, rows, files, table_text=format_plan_table(rows, gpus, source))

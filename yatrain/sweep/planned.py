@@ -6,10 +6,12 @@ GPU sends per step; nothing trains, so a laptop can sweep a cluster's job to 131
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
 from yatrain.common import GIB, dumps_json
+from yatrain.files import replacing, write_whole
 from yatrain.plan import plan_memory
 from yatrain.plan.layout import check_planned_layout
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device, memory_limit
@@ -110,13 +112,13 @@ def _short(row: dict) -> str:
 
 def write_plan_tables(rows: list[dict], out_dir: Path, meta: dict) -> list[Path]:
     """``plan.csv`` and ``plan.json`` (the rows and how the sweep was asked)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / "plan.csv", out_dir / "plan.json"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=PLAN_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path.write_text(dumps_json({**meta, "rows": rows}, indent=2) + "\n")
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=PLAN_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_whole(csv_path, table.getvalue())
+    write_whole(json_path, dumps_json({**meta, "rows": rows}, indent=2) + "\n")
     return [csv_path, json_path]
 
 
@@ -161,7 +163,8 @@ def draw_plan_plots(rows: list[dict], out_dir: Path, title: str) -> Path:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = out_dir / "plan.png"
-    fig.savefig(path)
+    with replacing(path) as file:
+        fig.savefig(file, format="png")
     plt.close(fig)
     return path
 

@@ -97,7 +97,7 @@ def draw_plots(rows: list[dict], out_dir: Path, title: str, note: str = "") -> l
             fig.text(0.01, 0.01, note, fontsize=7, alpha=0.8)
         fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
         paths.append(out_dir / f"{name}.png")
-        with replacing(paths[-1]) as tmp:
-            fig.savefig(tmp, format="png")
+        with replacing(paths[-1]) as file:
+            fig.savefig(file, format="png")
         plt.close(fig)
     return paths

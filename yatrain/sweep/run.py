@@ -8,23 +8,26 @@ skips configurations that already finished.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from yatrain.common import dumps_json
-from yatrain.errors import ConfigError
-from yatrain.files import RecordFile, cut_torn_tail, make_directory
+from yatrain.errors import ConfigError, Interrupted
+from yatrain.files import RecordFile, cut_torn_tail, make_directory, no_follow, touch
 from yatrain.output.record import (
     largest_peak_memory,
     largest_tensor_peak,
     read_metrics,
     steady_means,
 )
+from yatrain.runtime.launcher_link import tie_to_this_process
 from yatrain.sweep.configs import SweepConfig
 from yatrain.sweep.report import describe
 from yatrain.train.rundir import LOCK_FILE
@@ -60,10 +63,60 @@ def config_command(
 
 
 def launch(command: list[str], log_path: Path) -> tuple[int, str]:
-    """Run one configuration; its output goes to ``log_path``. Returns (exit code, output)."""
-    with log_path.open("w") as log:
-        proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    return proc.returncode, log_path.read_text(errors="replace")
+    """Run one configuration; its output goes to ``log_path``. Returns (exit code, output).
+
+    The configuration lives no longer than the sweep: it dies with it (SIGKILL included),
+    and a SIGTERM or Ctrl-C to the sweep is passed on as SIGTERM (it saves and stops, as a
+    launcher's rank does), then the sweep stops too (``Interrupted``)."""
+    with open(log_path, "w", opener=no_follow) as log:
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+            preexec_fn=tie_to_this_process(),  # noqa: PLW1509 -- only os and prctl run there
+        )
+        with _passing_stops_to(proc) as stop:
+            code = proc.wait()
+    if stop.signal_name is not None:
+        raise Interrupted(
+            f"sweep stopped by {stop.signal_name} during {log_path.parent.name}: rerun the "
+            f"same command (--output {log_path.parent.parent.parent}) to go on; finished "
+            "configurations are kept"
+        )
+    return code, log_path.read_text(errors="replace")
+
+
+class _Stop:
+    """The first SIGTERM or SIGINT to the sweep, passed on to its configuration."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.signal_name = proc, None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            self.proc.kill()  # a second Ctrl-C: now, without its checkpoint
+            raise KeyboardInterrupt
+        self.signal_name = self.signal_name or signal.Signals(signum).name
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _passing_stops_to(proc: subprocess.Popen) -> Iterator[_Stop]:
+    stop, previous = _Stop(proc), {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError):  # not the main thread: no handler to install
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield stop
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def classify_failure(code: int, output: str) -> tuple[str, str]:
@@ -105,7 +158,7 @@ def run_config(
             "pass another --output"
         )
     run_dir.mkdir(parents=True)
-    (run_dir / LOCK_FILE).touch()  # a run directory (pretrain refuses other non-empty ones)
+    touch(run_dir / LOCK_FILE)  # a run directory (pretrain refuses other non-empty ones)
     code, output = launch(
         config_command(recipe_path, config, run_dir, nproc, warmup), run_dir / "output.log"
     )
@@ -141,7 +194,7 @@ def claim_output(out_dir: Path) -> None:
             f"{SWEEP_MARK}): pass a new or empty directory"
         )
     make_directory(out_dir, "--output")
-    (out_dir / SWEEP_MARK).touch()
+    touch(out_dir / SWEEP_MARK)
 
 
 def load_done(out_dir: Path) -> dict[str, dict]:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 _CTRL_C = "SIGINT (Ctrl-C)"
+ANOTHER_RANK = "a signal on another rank"  # what a rank that got no signal itself says
 
 
 class StepGuard:
@@ -84,9 +85,19 @@ class StepGuard:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         stop, deleted, nonfinite = flags.tolist()
         if stop and self.signal_name is None:
-            self.signal_name = "a signal on another rank"
+            self.signal_name = ANOTHER_RANK
         self.run_dir_deleted = bool(deleted)
         return bool(stop or deleted), bool(nonfinite)
+
+    def stop_after_save(self) -> bool:
+        """Whether a signal reached any rank during a save (collective, once per save):
+        the run stops there, as the save announced, rather than after one more step."""
+        flag = torch.tensor(float(self.signal_name is not None), device=self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and self.signal_name is None:
+            self.signal_name = ANOTHER_RANK
+        return bool(flag.item())
 
     def weights_finite(self, tensors: list[torch.Tensor]) -> bool:
         """Whether every element of ``tensors`` (this rank's shards) is finite on every

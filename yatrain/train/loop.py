@@ -27,7 +27,7 @@ from yatrain.runtime.determinism import set_deterministic
 from yatrain.runtime.failures import explain, lost_peer
 from yatrain.runtime.process import init_runtime
 from yatrain.train.evaluate import Evaluation
-from yatrain.train.guard import StepGuard
+from yatrain.train.guard import ANOTHER_RANK, StepGuard
 from yatrain.train.optim import set_lr
 from yatrain.train.schedule import lr_at
 from yatrain.train.setup import Checks, Run, setup
@@ -131,10 +131,13 @@ def train(run: Run) -> dict:
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
                 with guard.during_save(step_number):
                     save(run, step_number, final=outcome.stop or step_number == total)
+                if not outcome.stop and step_number < total and guard.stop_after_save():
+                    run.checkpointer.wait()  # a background save: whole before the run stops
+                    raise _stopped(run, guard, step_number)
             elif (written := run.checkpointer.written()) is not None:
                 run.loggers.say(f"saved {written} (written in the background)")
             if outcome.stop:
-                raise Interrupted(_stop_message(run, guard, step_number))
+                raise _stopped(run, guard, step_number)
         run.watchdog.phase(None)
         summary = run.meter.summary(run.run_dir)
         if run.compiler is not None:
@@ -267,13 +270,14 @@ def _last_good(run: Run) -> str:
     return str(run.checkpointer.last or "none")
 
 
-def _stop_message(run: Run, guard: StepGuard, step_number: int) -> str:
+def _stopped(run: Run, guard: StepGuard, step_number: int) -> Interrupted:
     saved = (
         f"checkpoint saved in {run.checkpointer.last}"
         if run.recipe.checkpoint.enabled
         else "no checkpoint (checkpoint.enabled is false)"
     )
-    return (
+    return Interrupted(
         f"stopped by {guard.signal_name} at step {step_number}; {saved}: continue with "
-        f"--run-dir {run.run_dir} (--resume auto)"
+        f"--run-dir {run.run_dir} (--resume auto)",
+        by_another=guard.signal_name == ANOTHER_RANK,
     )

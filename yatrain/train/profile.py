@@ -107,6 +107,7 @@ class StepProfiler:
 def _write(path: Path, export: Callable[[str], None]) -> None:
     """Write through a temporary name: a crash leaves no half-written file."""
     tmp = path.with_name(f".tmp-{path.name}")
+    tmp.unlink(missing_ok=True)  # a link left there is removed, not written through
     export(str(tmp))
     os.replace(tmp, path)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
-from yatrain.files import write_whole
+from yatrain.files import open_fd, write_whole
 from yatrain.runtime.launch import check_run_id
 
 LOCK_FILE = ".yatrain.lock"
@@ -162,12 +162,13 @@ def _remove_if_unused(folder: Path, ours: set[str]) -> None:
 
 
 def _lock(folder: Path, what: str) -> int:
-    """An exclusive flock on ``folder/.yatrain.lock`` (created with the folder), holding
-    this process's PID and host; one line naming the holder when another run has it."""
+    """An exclusive flock on ``folder/.yatrain.lock`` (created with the folder, never
+    through a link), holding this process's PID and host; one line naming the holder when
+    another run has it."""
     other = "--run-dir" if what == "run directory" else "checkpoint.dir"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_fd(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     except OSError as error:
         raise ConfigError(
             f"cannot use {folder} as the {what} ({error.strerror}): pass another {other}"
@@ -198,8 +199,22 @@ def _holder(fd: int) -> str:
 
 def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
     """Lock a checkpoint directory outside its run and make sure this run owns it: one
-    that records another owner, or holds checkpoints no run claims, is refused."""
+    that records another owner, or holds checkpoints no run claims, is refused, and left
+    as it was (a lock file this call made would pass it for a run directory later)."""
+    made_lock = not os.path.lexists(folder / LOCK_FILE)
     fd = _lock(folder, "checkpoint directory")
+    try:
+        return _check_owner(fd, folder, run_dir)
+    except BaseException:
+        if made_lock:  # removed while still held: no other run can have taken it
+            with contextlib.suppress(OSError):
+                (folder / LOCK_FILE).unlink()
+        os.close(fd)
+        raise
+
+
+def _check_owner(fd: int, folder: Path, run_dir: Path) -> int:
+    """``fd`` when this run owns ``folder`` (recorded now if nobody did); else one line."""
     me, owner_file = str(run_dir.resolve()), folder / OWNER_FILE
     try:
         owner = json.loads(owner_file.read_text())["run_dir"] if owner_file.exists() else None
@@ -207,7 +222,6 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
         owner = "an unreadable owner"
     others = [p.name for p in folder.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE)]
     if owner is None and others:
-        os.close(fd)
         raise ConfigError(
             f"checkpoint.dir {folder} holds files but no {OWNER_FILE} naming the run that owns "
             "it: set another checkpoint.dir (and --resume DIR/step-N to start from one), or, "
@@ -215,7 +229,6 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
             f"{folder / OWNER_FILE}"
         )
     if owner is not None and owner != me:
-        os.close(fd)
         raise ConfigError(
             f"checkpoint.dir {folder} belongs to {owner}, not to this run ({me}): set "
             "another checkpoint.dir (to start from one of its checkpoints, pass --resume "
