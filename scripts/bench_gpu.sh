@@ -137,7 +137,7 @@ import sys
 
 import torch
 
-from yatrain.config import ModelConfig
+from yatrain.recipe.config import ModelConfig
 from yatrain.models.float8 import Float8Error, check_float8
 
 shape = ModelConfig(dim=2048, n_layers=1, n_heads=16, n_kv_heads=8, ffn_dim=5632,

@@ -28,7 +28,7 @@ VENV=${YATRAIN_VENV:-.venv}
 "$VENV/bin/lint-imports"  # the package layering in pyproject.toml
 # The packages typed so far: the sharding engine and checkpoint storage, where a wrong shape
 # or a None slipping through corrupts state silently (the rest follows, a package at a time).
-"$VENV/bin/mypy" yatrain/sharding yatrain/checkpoint
+"$VENV/bin/mypy" yatrain/sharding yatrain/context_parallel yatrain/checkpoint
 if $QUICK; then
   exec "$VENV/bin/python" -m pytest tests/unit "$@"
 fi

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from yatrain.harness.ranks import run_ranks as _run_ranks
+from yatrain.testing.ranks import run_ranks as _run_ranks
 
 
 def run_ranks(world: int, fn: Callable, *args, timeout: float = 120.0) -> list:

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig
+from yatrain.context_parallel.group import ContextGroup
+from yatrain.context_parallel.split import ContextParallel
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model, materialize
+from yatrain.recipe.config import ModelConfig
 from yatrain.sharding import ShardedEngine
-from yatrain.sharding.context import ContextGroup
 from yatrain.train.compile import compile_layers
-from yatrain.train.context import ContextParallel
 from yatrain.train.step import train_step
 
 CFG = ModelConfig(

@@ -15,8 +15,8 @@ from pathlib import Path
 from conftest import ROOT
 
 from yatrain.common import GIB
-from yatrain.config import Recipe
 from yatrain.plan import MemoryPlan, plan_memory
+from yatrain.recipe.config import Recipe
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 GPUS = re.compile(r"^# Hardware: (\d+) x (\d+) GB GPUs\b", re.M)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken
 
-from yatrain.harness.bpe import byte_level_bpe, write_tiktoken_ranks
+from yatrain.testing.bpe import byte_level_bpe, write_tiktoken_ranks
 
 SENTENCE = (
     "the model reads tokens from a packed stream and every sequence shares its boundary "

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from yatrain.checkpoint import store as ckpt
 from yatrain.errors import TrainingError, YatrainError
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.train.loop import pretrain
 

@@ -31,7 +31,7 @@ from yatrain.errors import ConfigError, TrainingError, YatrainError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import build_optimizer

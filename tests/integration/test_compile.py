@@ -22,7 +22,7 @@ from yatrain.errors import ConfigError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train import loop
 from yatrain.train.compile import check_backend, compile_layers
 from yatrain.train.loop import pretrain

@@ -16,7 +16,7 @@ from conftest import FAST, ROOT
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from yatrain.errors import ConfigError
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.runtime import compile_cache
 from yatrain.runtime.compile_cache import CACHE_ENV, cache_for_run, private_dir
 from yatrain.train import loop

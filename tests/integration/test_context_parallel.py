@@ -10,10 +10,10 @@ import torch
 from distributed import run_ranks
 from engine_reference import CFG, batches, engine_for, max_rel, reference, run_steps
 
-from yatrain.config import RopeScaling
+from yatrain.context_parallel.group import ContextGroup
+from yatrain.context_parallel.split import ContextParallel
 from yatrain.models.llama import build_model
-from yatrain.sharding.context import ContextGroup
-from yatrain.train.context import ContextParallel
+from yatrain.recipe.config import RopeScaling
 
 CLIP, TOL = 1.0, 1e-5
 # Llama 3.1's rotary scaling, reaching past an "original" context of 8 tokens: RoPE must

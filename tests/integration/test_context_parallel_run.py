@@ -15,7 +15,7 @@ import pytest
 from conftest import FAST, ROOT
 from distributed import run_ranks
 
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 TOL = 1e-5

@@ -28,7 +28,7 @@ from yatrain.data import default_corpus_files, load_tokenizer, prepare_data
 from yatrain.errors import ConfigError, DataError
 from yatrain.inference.generate_text import load_plain_model
 from yatrain.models.llama import build_model, count_parameters
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import build_optimizer

@@ -11,10 +11,10 @@ import torch
 from conftest import FAST, ROOT
 from distributed import run_ranks
 
-from yatrain.config import ModelConfig
 from yatrain.data import document_layout, prepare_data
 from yatrain.models.llama import build_model, materialize
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.config import ModelConfig
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 BOS, EOS = 1, 2

@@ -19,7 +19,7 @@ from yatrain.errors import ConfigError, DataError
 from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.output.console import log_line, run_summary
 from yatrain.output.record import MetricsRecord
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]

@@ -30,7 +30,7 @@ from yatrain.models.float8 import FP8, Float8Error, apply_float8, check_float8, 
 from yatrain.models.llama import build_model
 from yatrain.plan.memory import engine_layout, plan_memory
 from yatrain.plan.report import format_plan
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step

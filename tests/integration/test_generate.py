@@ -16,7 +16,7 @@ from yatrain.checkpoint.manifest import open_checkpoint
 from yatrain.errors import ConfigError
 from yatrain.inference.generate_text import generate_text, load_plain_model
 from yatrain.models.generate import KVCache, Sampling, choose, generate, next_logits
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 GREEDY = Sampling(temperature=0)

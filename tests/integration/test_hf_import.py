@@ -16,7 +16,7 @@ from conftest import FAST, ROOT
 from yatrain.checkpoint.init_from import init_from_source
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 
 

@@ -20,8 +20,8 @@ from test_checkpoint import (  # noqa: F401 (uninterrupted: a fixture)
 
 from yatrain.checkpoint import store as ckpt
 from yatrain.errors import ConfigError
-from yatrain.recipe_load import load_recipe
-from yatrain.topology import shard_group_size
+from yatrain.recipe.load import load_recipe
+from yatrain.recipe.topology import shard_group_size
 
 HYBRID = ("sharding.shard_group_size=2",)
 

@@ -19,7 +19,7 @@ from yatrain.checkpoint.init_from import init_from_source
 from yatrain.checkpoint.manifest import open_checkpoint
 from yatrain.checkpoint.store import iter_full_weights
 from yatrain.models.llama import build_model
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import InitHooks, ShardedEngine
 from yatrain.train.loop import pretrain
 

@@ -23,7 +23,7 @@ from yatrain.checkpoint.init_from import init_from_source
 from yatrain.errors import ConfigError
 from yatrain.models import hf
 from yatrain.models.llama import build_model, materialize
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 
 WEIGHTS = "model.safetensors"

@@ -20,7 +20,7 @@ from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.generate import Sampling
 from yatrain.models.llama import build_model
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.train.loop import pretrain
 

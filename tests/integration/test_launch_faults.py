@@ -20,9 +20,9 @@ from test_failures import pretrain_args, yatrain
 
 from yatrain.cli import main
 from yatrain.errors import TrainingError
-from yatrain.harness.ranks import free_port
 from yatrain.runtime import rendezvous
 from yatrain.runtime.rendezvous import Endpoint
+from yatrain.testing.ranks import free_port
 
 RECIPE = str(ROOT / "recipes/tiny.yaml")  # its global batch: 16 sequences of 8 per rank
 

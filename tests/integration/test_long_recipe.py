@@ -12,7 +12,7 @@ from distributed import run_ranks
 
 from yatrain.common import GIB
 from yatrain.plan import plan_for_layers, plan_memory
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 LONG = ROOT / "recipes/llama3_1_8b_long.yaml"

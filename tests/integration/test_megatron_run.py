@@ -12,7 +12,7 @@ from megatron_files import write_megatron
 
 from yatrain.data import TokenShards
 from yatrain.errors import ConfigError
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 

@@ -8,8 +8,8 @@ import pytest
 from conftest import FAST, ROOT
 
 from yatrain.models.llama import flops_per_token
-from yatrain.recipe_load import load_recipe
-from yatrain.train import metrics
+from yatrain.recipe.load import load_recipe
+from yatrain.runtime import device
 from yatrain.train.loop import pretrain
 
 # The FAST shape (dim 64, 2 layers, 4 heads of 16, 2 kv heads, ffn 160, vocab 512), seq 32:
@@ -31,7 +31,7 @@ def test_llama3_8b_flops_per_token_by_hand():
 
 
 def test_run_reports_throughput_tflops_and_mfu_by_hand(small_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "measure_matmul_flops", lambda device, dtype: PEAK)
+    monkeypatch.setattr(device, "measure_matmul_flops", lambda device, dtype: PEAK)
     cfg = load_recipe(ROOT / "recipes/tiny.yaml", [*FAST, f"data.path={small_data}"])
     assert flops_per_token(cfg.model, cfg.data.seq_len) == FAST_FLOPS_PER_TOKEN
     run_dir = tmp_path / "run"

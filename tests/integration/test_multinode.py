@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import ROOT
 from test_cli import pretrain_args, read_metrics
 
-from yatrain.harness.ranks import free_port
+from yatrain.testing.ranks import free_port
 
 STEPS = 4
 # Both runs see the same global batches; only the order of the gradient sums differs (a

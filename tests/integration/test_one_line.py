@@ -16,7 +16,7 @@ from test_whole_files import logged_run  # noqa: F401 (a fixture)
 
 from yatrain.checkpoint import hf_export
 from yatrain.cli import main
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 from yatrain.train.rundir import LOCK_FILE
 

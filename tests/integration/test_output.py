@@ -12,7 +12,7 @@ from test_failures import pretrain_args, yatrain
 
 from yatrain.output import wandb_logger
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sweep import run_sweep
 from yatrain.train.loop import pretrain
 

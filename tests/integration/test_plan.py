@@ -25,7 +25,7 @@ from yatrain.plan import (
     plan_memory,
     resolve_auto_checkpoint_layers,
 )
-from yatrain.recipe_load import load_recipe, recipe_from_dict
+from yatrain.recipe.load import load_recipe, recipe_from_dict
 from yatrain.sharding import ShardedEngine, hybrid_mesh
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from yatrain.cli import app
 from yatrain.common import DTYPES, GIB
+from yatrain.context_parallel.group import ContextGroup
+from yatrain.context_parallel.split import ContextParallel
 from yatrain.models.llama import build_model
 from yatrain.plan import LiveTensorTracker, plan_for_layers, plan_memory
 from yatrain.plan.fit import fit_advice, longest_masked_window
-from yatrain.recipe_load import load_recipe, recipe_from_dict
+from yatrain.recipe.load import load_recipe, recipe_from_dict
 from yatrain.sharding import ShardedEngine
-from yatrain.sharding.context import ContextGroup
-from yatrain.train.context import ContextParallel
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
 

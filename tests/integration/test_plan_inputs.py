@@ -18,10 +18,10 @@ from yatrain.cli import app
 from yatrain.data import load_tokenizer
 from yatrain.errors import ConfigError, DataError
 from yatrain.plan.memory import context_parallel_sizes
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
+from yatrain.recipe.topology import context_parallel, divisors, shard_group_size
 from yatrain.runtime.launcher_link import LAUNCHER_PID, die_with_launcher
 from yatrain.sweep.configs import expand_configs
-from yatrain.topology import context_parallel, divisors, shard_group_size
 
 TINY = ROOT / "recipes/tiny.yaml"
 

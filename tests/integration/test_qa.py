@@ -15,10 +15,10 @@ import pytest
 import torch
 from test_failures import one_line_error, pretrain_args, yatrain
 
-from yatrain.config import WandbConfig
 from yatrain.errors import YatrainError
 from yatrain.models.generate import Sampling, choose
 from yatrain.output import wandb_logger
+from yatrain.recipe.config import WandbConfig
 
 
 def _steps(folder: Path) -> list[str]:

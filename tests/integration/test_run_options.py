@@ -12,7 +12,7 @@ import torch.distributed as dist
 import yaml
 from conftest import FAST, ROOT
 
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 

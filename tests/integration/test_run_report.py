@@ -12,7 +12,7 @@ from test_failures import one_line_error, yatrain
 
 from yatrain.output.charts import LINES
 from yatrain.output.html_report import write_report
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 CHARTS = [stem for stem, *_ in LINES] + ["step_time"]

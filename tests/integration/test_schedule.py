@@ -9,9 +9,9 @@ import math
 import pytest
 from conftest import FAST, ROOT
 
-from yatrain.config import OptimConfig
 from yatrain.errors import ConfigError
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.config import OptimConfig
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 from yatrain.train.schedule import lr_at
 

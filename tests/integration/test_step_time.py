@@ -11,7 +11,7 @@ from distributed import run_ranks
 
 from yatrain.output.console import BREAKDOWN
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding import comm
 from yatrain.train.loop import pretrain
 

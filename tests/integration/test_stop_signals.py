@@ -19,7 +19,7 @@ from test_launch_faults import _alive, _wait_for
 
 from yatrain.errors import Interrupted
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train import checkpointer
 from yatrain.train.loop import pretrain
 

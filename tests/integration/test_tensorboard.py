@@ -11,7 +11,7 @@ from conftest import FAST, ROOT
 from yatrain.errors import ConfigError
 from yatrain.output import tensorboard_logger
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")

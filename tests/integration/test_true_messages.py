@@ -18,9 +18,9 @@ from conftest import FAST, ROOT
 from yatrain.data.loader import GlobalBatchLoader
 from yatrain.errors import ConfigError, TrainingError
 from yatrain.models import hf
-from yatrain.recipe_load import load_recipe
+from yatrain.output.loggers import Console
+from yatrain.recipe.load import load_recipe
 from yatrain.train.guard import StepGuard
-from yatrain.train.loggers import Console
 from yatrain.train.loop import pretrain
 
 

@@ -19,7 +19,7 @@ from yatrain.cli import main
 from yatrain.errors import ConfigError
 from yatrain.output.html_report import write_report
 from yatrain.output.record import MetricsFile, read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sweep import plan_sweep, run_sweep
 from yatrain.sweep import run as sweep_run
 from yatrain.train.loop import pretrain

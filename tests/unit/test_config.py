@@ -6,11 +6,11 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from yatrain.config import Recipe, recipe_to_dict
 from yatrain.errors import ConfigError
-from yatrain.recipe_checks import check_vocab
-from yatrain.recipe_load import load_recipe, recipe_from_dict
-from yatrain.topology import validate_world_size
+from yatrain.recipe.checks import check_vocab
+from yatrain.recipe.config import Recipe, recipe_to_dict
+from yatrain.recipe.load import load_recipe, recipe_from_dict
+from yatrain.recipe.topology import validate_world_size
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 TINY = ROOT / "recipes" / "tiny.yaml"

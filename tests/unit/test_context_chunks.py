@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from yatrain.context_parallel.attention import GatheredAttention
+from yatrain.context_parallel.group import ContextGroup
 from yatrain.models.llama import document_causal_mask
-from yatrain.sharding.context import ContextGroup
-from yatrain.train.gathered_attention import GatheredAttention
 
 
 class _Comm:

@@ -9,8 +9,8 @@ import yaml
 from conftest import ROOT
 
 from yatrain.errors import ConfigError
-from yatrain.recipe_load import load_recipe, recipe_from_dict
-from yatrain.topology import context_parallel, shard_group_size, validate_world_size
+from yatrain.recipe.load import load_recipe, recipe_from_dict
+from yatrain.recipe.topology import context_parallel, shard_group_size, validate_world_size
 
 TINY = ROOT / "recipes" / "tiny.yaml"  # seq_len 128, micro 8, global 16
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from conftest import ROOT
 
 from yatrain.cli import app
-from yatrain.config import Recipe
+from yatrain.recipe.config import Recipe
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

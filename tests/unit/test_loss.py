@@ -27,10 +27,10 @@ from engine_reference import (
     weights_rel,
 )
 
-from yatrain.config import ModelConfig
 from yatrain.models.llama import build_model, materialize
 from yatrain.models.loss import linear_cross_entropy
 from yatrain.plan.memtrack import LiveTensorTracker
+from yatrain.recipe.config import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

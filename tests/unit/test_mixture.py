@@ -14,7 +14,7 @@ from conftest import ROOT
 from yatrain.data import MixtureLoader, TokenShards, build_loader
 from yatrain.data.mixture import mixture_counts
 from yatrain.errors import ConfigError, DataError
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 
 
 def _fake(path: Path, first_token: int, num_tokens: int, tokenizer: bytes = b"tok") -> TokenShards:

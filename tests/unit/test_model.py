@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT
 
-from yatrain.config import ModelConfig
 from yatrain.models import (
     Llama,
     RMSNorm,
@@ -16,7 +15,8 @@ from yatrain.models import (
     flops_per_token,
     materialize,
 )
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.config import ModelConfig
+from yatrain.recipe.load import load_recipe
 
 RECIPES = ROOT / "recipes"
 PUBLISHED = {  # billions of parameters, from the Llama 2 / Llama 3 papers and model cards

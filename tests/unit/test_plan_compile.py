@@ -16,9 +16,9 @@ import torch
 from conftest import PLANNER_TOLERANCE
 
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig
 from yatrain.models.llama import DecoderLayer, rope_cos_sin
 from yatrain.plan.activations import ActivationSizes
+from yatrain.recipe.config import ModelConfig
 
 SHAPES = {
     "gqa": ModelConfig(

@@ -13,7 +13,7 @@ from yatrain.data.heldout import EvalWindows, open_held_out
 from yatrain.data.tokenizer_tiktoken import PATTERN
 from yatrain.models.generate import Sampling, choose
 from yatrain.models.llama import build_model, materialize
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.evaluate import Evaluator
 
 SPLITS = {

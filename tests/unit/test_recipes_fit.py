@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 from recipe_hardware import RECIPES, plan_there, stated_hardware
 
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 
 # A fixed layer count must leave this share of the memory free: the planner is an estimate.
 ROOM_TO_SPARE = 0.05

@@ -25,8 +25,8 @@ from yatrain.data.tokenizer_export import tiktoken_to_hf, write_hf_tokenizer
 from yatrain.data.tokenizer_formats import detect_kind
 from yatrain.data.tokenizer_tiktoken import special_tokens, split_for_encoding
 from yatrain.errors import ConfigError, DataError
-from yatrain.recipe_checks import check_vocab
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.checks import check_vocab
+from yatrain.recipe.load import load_recipe
 
 TRICKY = [
     "",

@@ -8,6 +8,6 @@ Each benchmark is a module with a ``main`` (``python -m yatrain.bench.loop``, or
 YaFSDP's published runs). Shared parts: ``measure`` (statistics, process memory, tables),
 ``traffic`` (bytes sent in collectives), ``bare`` (the plain PyTorch step every baseline
 uses), ``pretrain_cli`` (one ``yatrain pretrain`` in a child process); the rank launcher
-the tests use too is ``yatrain.harness.ranks``, below it. Top of the layering: nothing in
+the tests use too is ``yatrain.testing.ranks``, below it. Top of the layering: nothing in
 yatrain imports it.
 """

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from yatrain.train.step import MicroBatch, cross_entropy
+from yatrain.models.loss import cross_entropy
+from yatrain.train.step import MicroBatch
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:

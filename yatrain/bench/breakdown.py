@@ -1,6 +1,6 @@
 """Where the step time goes at world size 2, and what measuring it costs.
 
-Runs ``yatrain.train.loop.pretrain`` on fork-started gloo ranks (``harness.ranks``) for two
+Runs ``yatrain.train.loop.pretrain`` on fork-started gloo ranks (``testing.ranks``) for two
 shapes: the tiny recipe as shipped, and the engine benchmark's shape (``bench_engine.py``:
 dim 512, 6 layers, 8 heads, 4 kv heads, ffn 1536, vocab 8192, seq 256, one sequence per
 rank, bf16 weights, fp32 reduction, no activation checkpointing). Every step is logged
@@ -37,12 +37,12 @@ from pathlib import Path
 
 from yatrain.bench.measure import load_average, table, verdict
 from yatrain.data import default_corpus_files, prepare_data
-from yatrain.harness.ranks import run_ranks
 from yatrain.output import console as report
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.runtime import hang
 from yatrain.sharding import comm, timing
+from yatrain.testing.ranks import run_ranks
 from yatrain.train import stragglers
 from yatrain.train import timing as step_timing
 from yatrain.train.loop import pretrain

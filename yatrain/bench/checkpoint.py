@@ -39,7 +39,7 @@ from yatrain.checkpoint.manifest import open_checkpoint
 from yatrain.checkpoint.optimizer_state import ensure_state
 from yatrain.common import format_bytes
 from yatrain.models.llama import count_parameters
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.runtime.process import Runtime
 from yatrain.train.build import build_model_and_engine
 from yatrain.train.optim import build_optimizer

@@ -32,10 +32,10 @@ from yatrain.bench.measure import load_average, median, spread, table
 from yatrain.checkpoint.background_save import AsyncSaver
 from yatrain.checkpoint.optimizer_state import ensure_state
 from yatrain.checkpoint.store import dcp_mesh, save_checkpoint
-from yatrain.config import Recipe
+from yatrain.recipe.config import Recipe
+from yatrain.runtime.device import synchronize
 from yatrain.runtime.process import init_runtime
 from yatrain.train.build import build_model_and_engine
-from yatrain.train.metrics import synchronize
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
 

@@ -1,7 +1,7 @@
 """Memory and traffic of context parallelism: one training step per rank with each window
 whole on its rank (CP 1) and cut over CP ranks, side by side, on the same world size.
 
-Each contender runs in fresh rank processes (``harness.ranks``, gloo on CPU): the recipe's
+Each contender runs in fresh rank processes (``testing.ranks``, gloo on CPU): the recipe's
 model and engine (``train.build``), one sequence per data rank (CP 1 at world 2: two data
 ranks; CP 2: one), one warm-up step (AdamW's state), then one measured step. Per rank it
 reports the live-tensor peak of that step (``plan.LiveTensorTracker``, every tensor alive
@@ -31,13 +31,13 @@ import torch
 from yatrain.bench.measure import hwm_bytes, reset_hwm, rss_bytes, table, trim_heap, verdict
 from yatrain.bench.traffic import CommCounter
 from yatrain.common import format_bytes
-from yatrain.config import Recipe
-from yatrain.harness.ranks import run_ranks
+from yatrain.context_parallel.split import ContextParallel
 from yatrain.plan import LiveTensorTracker
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.runtime.process import Runtime
+from yatrain.testing.ranks import run_ranks
 from yatrain.train.build import build_model_and_engine
-from yatrain.train.context import ContextParallel
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
 

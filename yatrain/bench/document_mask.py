@@ -25,7 +25,7 @@ import torch
 
 from yatrain.data import TokenShards, prepare_data
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,11 +18,11 @@ import time
 import torch
 
 from yatrain.bench.measure import load_average, median
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
+from yatrain.runtime.device import synchronize
 from yatrain.runtime.process import init_runtime
 from yatrain.train.build import build_model_and_engine
 from yatrain.train.guard import StepGuard
-from yatrain.train.metrics import synchronize
 from yatrain.train.optim import build_optimizer
 from yatrain.train.step import train_step
 

@@ -38,9 +38,9 @@ from yatrain.bench.engine.contenders import BUILDERS, build_yatrain, model_confi
 from yatrain.bench.engine.harness import rank_batches
 from yatrain.bench.measure import table
 from yatrain.bench.traffic import CommCounter
-from yatrain.harness.ranks import run_ranks
 from yatrain.models.llama import layer_matmul_weights
 from yatrain.testing import cuda_standin
+from yatrain.testing.ranks import run_ranks
 
 # The model: dim 1024, 4 layers of about 12M weights, accumulation 2, one layer
 # checkpointed; a short sequence, since counts do not depend on it.

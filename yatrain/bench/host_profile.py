@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from yatrain.bench.engine.cli import parse_args
 from yatrain.bench.engine.contenders import BUILDERS
 from yatrain.bench.engine.harness import rank_batches, rank_device, sync_device
-from yatrain.harness.ranks import run_ranks
+from yatrain.testing.ranks import run_ranks
 
 CONTENDER = "yatrain-pg"
 TOP = 15

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from yatrain.config import DataConfig, ModelConfig, OptimConfig, Recipe, TrainConfig
-from yatrain.harness.ranks import run_ranks
 from yatrain.models import hf
 from yatrain.models.llama import materialize
+from yatrain.recipe.config import DataConfig, ModelConfig, OptimConfig, Recipe, TrainConfig
 from yatrain.runtime.process import Runtime
+from yatrain.testing.ranks import run_ranks
 from yatrain.train.build import meta_model, recipe_init, shard_model
 
 MIB = 2**20

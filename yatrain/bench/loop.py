@@ -41,11 +41,11 @@ import torch
 from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
 from yatrain.bench.measure import load_average, median, spread, table, verdict
 from yatrain.common import DTYPES
-from yatrain.config import Recipe
 from yatrain.data import build_loader, prepare_data
 from yatrain.models.llama import count_parameters, materialize
 from yatrain.output.record import read_metrics
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.train.build import meta_model
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import set_lr

@@ -30,8 +30,8 @@ from yatrain.bench.engine.cli import parse_args
 from yatrain.bench.engine.contenders import BUILDERS
 from yatrain.bench.engine.harness import rank_batches, rank_device
 from yatrain.bench.measure import table
-from yatrain.harness.ranks import run_ranks
 from yatrain.runtime.determinism import deterministic_cublas
+from yatrain.testing.ranks import run_ranks
 
 CONTENDERS = ("bare", "yatrain", "yatrain-pg")
 DEFAULT_TOLERANCE = 0.01  # bf16 weights vs autocast: measured 0.1-0.3% over a few steps

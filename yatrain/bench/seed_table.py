@@ -15,7 +15,7 @@ from pathlib import Path
 
 from yatrain.common import GIB, format_bytes
 from yatrain.plan import plan_for_layers, plan_memory
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

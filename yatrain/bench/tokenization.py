@@ -32,7 +32,7 @@ from pathlib import Path
 from yatrain.data import Corpus, Tokenizer, default_corpus_files, load_tokenizer, train_tokenizer
 from yatrain.data.parallel import default_workers
 from yatrain.data.prepare import tokenize_into
-from yatrain.harness.bpe import byte_level_bpe, write_tiktoken_ranks
+from yatrain.testing.bpe import byte_level_bpe, write_tiktoken_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 

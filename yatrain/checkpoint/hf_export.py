@@ -28,11 +28,11 @@ from safetensors.torch import save_file
 from yatrain.checkpoint.manifest import SavedCheckpoint, open_checkpoint
 from yatrain.checkpoint.store import iter_full_weights
 from yatrain.common import DTYPES, GIB
-from yatrain.config import ModelConfig
 from yatrain.data import export_tokenizer
 from yatrain.errors import ConfigError
 from yatrain.models import hf
 from yatrain.models.llama import count_parameters
+from yatrain.recipe.config import ModelConfig
 
 SHARD_BYTES = 4 * GIB  # per safetensors file (Hugging Face's hub limit is 5 GB)
 BF16_ABOVE = 1e9  # parameters: larger models export in bf16 unless --dtype says otherwise

@@ -24,10 +24,10 @@ from safetensors import SafetensorError, safe_open
 
 from yatrain.checkpoint.safetensors_header import TensorEntry, read_header
 from yatrain.common import format_bytes
-from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError
 from yatrain.models import hf
-from yatrain.schema import to_dict
+from yatrain.recipe.config import ModelConfig
+from yatrain.recipe.schema import to_dict
 
 Rows = tuple[int, int] | None  # [r0, r1) of a tensor's first dimension; None: all of it
 CHUNK_NUMEL = 2**22  # elements read per opening of a file: 8 MiB of bf16

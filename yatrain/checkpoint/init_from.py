@@ -17,9 +17,9 @@ import torch
 from yatrain.checkpoint.hf_source import HFSource, Rows, regular_file
 from yatrain.checkpoint.manifest import MANIFEST, open_checkpoint
 from yatrain.checkpoint.store import read_weights
-from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError
 from yatrain.models.llama import Llama
+from yatrain.recipe.config import ModelConfig
 from yatrain.sharding import InitHooks
 from yatrain.sharding.contract import Kept
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from yatrain.checkpoint.checksums import HASH, LEGACY_HASH, file_matches
 from yatrain.checkpoint.safe_load import METADATA, UnsafeCheckpoint, data_files, read_metadata
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError, YatrainError
 from yatrain.models.llama import build_model
-from yatrain.schema import build_dataclass
+from yatrain.recipe.config import ModelConfig
+from yatrain.recipe.schema import build_dataclass
 from yatrain.sharding import StateEntry, describe_state
 
 MANIFEST = "yatrain-checkpoint.json"

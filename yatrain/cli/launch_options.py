@@ -37,8 +37,8 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
     """The flags, the recipe, and the recipe against the job's world sizes (the batch
     divides, the shard group divides): one line here, before any rank starts, not one per
     rank per restart."""
-    from yatrain.recipe_load import load_recipe
-    from yatrain.topology import shard_group_size, validate_world_size
+    from yatrain.recipe.load import load_recipe
+    from yatrain.recipe.topology import shard_group_size, validate_world_size
 
     job.check()
     loaded = load_recipe(recipe, overrides)

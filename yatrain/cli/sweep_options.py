@@ -82,7 +82,7 @@ def plan_only_sweep(
     overrides: list[str],
 ) -> None:
     """``sweep --plan-only``: the planner's table and plots, no training."""
-    from yatrain.recipe_load import load_recipe
+    from yatrain.recipe.load import load_recipe
     from yatrain.sweep import plan_sweep
 
     sizes = sizes or [load_recipe(recipe, overrides).sharding.context_parallel]

@@ -99,7 +99,7 @@ def pretrain(
     oversubscribe: bool = OVERSUBSCRIBE,
 ) -> None:
     """Pretrain a recipe from scratch and log throughput, MFU and memory."""
-    from yatrain.recipe_load import load_recipe
+    from yatrain.recipe.load import load_recipe
     from yatrain.runtime.launch import Launch, launch
     from yatrain.train.loop import pretrain as run_pretrain
     from yatrain.train.setup import Checks
@@ -168,7 +168,7 @@ def plan(
     from yatrain.plan import format_plan, memory_limit, plan_memory
     from yatrain.plan.layout import check_planned_layout
     from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
-    from yatrain.recipe_load import load_recipe
+    from yatrain.recipe.load import load_recipe
 
     for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
         if value is not None and not math.isfinite(value):

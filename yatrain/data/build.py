@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from yatrain.config import DataConfig
 from yatrain.data.loader import BatchLoader, GlobalBatchLoader
 from yatrain.data.megatron import MegatronTokens, open_stream
 from yatrain.data.mixture import MixtureLoader
 from yatrain.data.shards import TokenShards
 from yatrain.data.tokenizer_formats import load_tokenizer
 from yatrain.errors import DataError
+from yatrain.recipe.config import DataConfig
 
 
 def build_loader(

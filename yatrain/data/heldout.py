@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from yatrain.common import IGNORE_INDEX
-from yatrain.config import DataConfig
 from yatrain.data.documents import document_layout
 from yatrain.data.megatron import MegatronTokens, megatron_prefix
 from yatrain.data.shards import TokenShards, has_validation, load_manifest
 from yatrain.errors import ConfigError, DataError
+from yatrain.recipe.config import DataConfig
 
 NO_HELD_OUT_FIX = (
     "prepare the data with `yatrain prepare-data --val-fraction F`, point data.val_path at "

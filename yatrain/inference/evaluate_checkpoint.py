@@ -17,9 +17,9 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
 from yatrain.checkpoint.store import checkpoint_tokenizer, dcp_mesh, load_weights
-from yatrain.config import Recipe
 from yatrain.errors import ConfigError, DataError
-from yatrain.recipe_load import load_recipe, recipe_from_dict
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.load import load_recipe, recipe_from_dict
 from yatrain.runtime.process import Runtime, init_runtime
 from yatrain.sharding import InitHooks
 from yatrain.train.build import build_model_and_engine

@@ -26,9 +26,9 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from yatrain.config import ModelConfig
 from yatrain.errors import ConfigError
 from yatrain.models.llama import build_model
+from yatrain.recipe.config import ModelConfig
 from yatrain.sharding.float8 import Float8Format
 
 TORCHAO_VERSION = "0.18.0"  # the float8 extra's pin (pyproject.toml)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig, RopeScaling
 from yatrain.errors import ConfigError
-from yatrain.schema import build_dataclass, to_dict
+from yatrain.recipe.config import ModelConfig, RopeScaling
+from yatrain.recipe.schema import build_dataclass, to_dict
 
 _LAYER = {
     "attention.wq.weight": "self_attn.q_proj.weight",

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from yatrain.config import LOSS_CHUNK_TOKENS, ModelConfig
 from yatrain.models.loss import linear_cross_entropy
 from yatrain.models.rope import apply_rope, rope_cos_sin
+from yatrain.recipe.config import LOSS_CHUNK_TOKENS, ModelConfig
 
 INIT_STD = 0.02
 SEED_STRIDE = 1_000_003  # unit i of a run with seed s draws from generator seed s*STRIDE + i
@@ -52,7 +52,7 @@ def document_causal_mask(document_ids: torch.Tensor, start: int = 0, stop: int =
 class Attend(Protocol):
     """Attention over more keys and values than this call's own, mask included: a cache of
     earlier positions (``models.generate.LayerKV``) or a window's gathered from the ranks that
-    share it (context parallelism, ``train.context``); the model itself stays one device's."""
+    share it (``context_parallel``); the model itself stays one device's."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, heads, T, D] over k, v [B, kv heads, T, D] and what else it holds."""

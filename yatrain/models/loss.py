@@ -16,7 +16,11 @@ its gradient are computed in fp32, as ``F.cross_entropy(logits.float(), ...)`` d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from yatrain.common import IGNORE_INDEX
 
@@ -124,3 +128,24 @@ def linear_cross_entropy(
             flat_h, weight, flat_targets, chunk_tokens, ignore_index, False, False
         )[0]
     return _LinearCrossEntropy.apply(flat_h, weight, flat_targets, chunk_tokens, ignore_index)
+
+
+# The mean loss of a micro-batch: (model, inputs, targets, extra model arguments) -> loss.
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, dict], torch.Tensor]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss, computed in fp32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def model_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, extra: dict):
+    """The model's own loss (what training uses): Llama's output head fused with the
+    cross-entropy, chunk by chunk, never holding logits for every token."""
+    return model(inputs, **extra, targets=targets)
+
+
+def logits_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, extra: dict):
+    """The plain loss: logits for every token, then ``cross_entropy`` (the benchmarks'
+    common ground with FSDP2 and DDP)."""
+    return cross_entropy(model(inputs, **extra), targets)

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from yatrain.config import RopeScaling
+from yatrain.recipe.config import RopeScaling
 
 
 def rope_frequencies(

@@ -14,9 +14,9 @@ import math
 import tempfile
 from pathlib import Path
 
-from yatrain.config import Recipe
 from yatrain.errors import ConfigError
 from yatrain.output.record import MetricsRecord
+from yatrain.recipe.config import Recipe
 
 
 def require_tensorboard(recipe: Recipe) -> None:

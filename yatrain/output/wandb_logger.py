@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from yatrain.config import WandbConfig
 from yatrain.errors import YatrainError
 from yatrain.files import write_whole
+from yatrain.recipe.config import WandbConfig
 
 PROBE_TIMEOUT_S = 3.0  # how long auto waits for the W&B host before logging offline
 INIT_TIMEOUT_S = 20.0  # how long auto lets wandb.init take online before falling back

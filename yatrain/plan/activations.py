@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from yatrain.common import dtype_bytes
-from yatrain.config import ModelConfig
+from yatrain.context_parallel.group import MASK_ELEMENTS
 from yatrain.plan.layout import unit_layouts
-from yatrain.sharding.context import MASK_ELEMENTS
+from yatrain.recipe.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class ActivationSizes:
 
 def gathered_kv(m: ModelConfig, seq_len: int, micro_batch: int, p: int) -> int:
     """Bytes of one layer's keys and values over a whole window, as context parallelism
-    all-gathers them (``sharding.context``) and attention saves them for its backward."""
+    all-gathers them (``context_parallel.group``) and attention saves them for its backward."""
     return 2 * micro_batch * seq_len * m.n_kv_heads * m.head_dim * p
 
 
@@ -104,7 +104,7 @@ def attention_masks(seq_len: int, micro_batch: int, p: int, cp: int, documents: 
     Documents masked (``data.document_mask``): dense. Without CP the model's boolean
     [B, 1, T, T] (``models.llama.document_causal_mask``; each layer that keeps its
     activations also keeps an additive copy, counted in its bytes); under CP
-    (``train.gathered_attention``) each local chunk's additive [B, 1, w, end] mask in the
+    (``context_parallel.attention``) each local chunk's additive [B, 1, w, end] mask in the
     compute dtype, w = T / (2 CP): B w^2 (2 CP + 1) elements a rank, T^2 / CP^2 shrinking.
     Plain causal under CP: one shared additive mask of at most ``MASK_ELEMENTS`` (CPU)."""
     if documents and cp == 1:

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from yatrain.common import format_bytes
-from yatrain.config import Recipe
 from yatrain.errors import ConfigError
 from yatrain.plan.limits import memory_limit, staging_memory
 from yatrain.plan.memory import plan_for_layers, plan_memory
+from yatrain.recipe.config import Recipe
 
 
 def available_ram() -> int | None:

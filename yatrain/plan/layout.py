@@ -15,15 +15,15 @@ import json
 import os
 
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig, Recipe
 from yatrain.errors import ConfigError
 from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
-from yatrain.schema import build_dataclass, to_dict
+from yatrain.recipe.config import ModelConfig, Recipe
+from yatrain.recipe.schema import build_dataclass, to_dict
+from yatrain.recipe.topology import context_parallel, shard_group_size
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
-from yatrain.topology import context_parallel, shard_group_size
 
 
 def check_planned_layout(recipe: Recipe, gpus: int, group_fix: str) -> None:

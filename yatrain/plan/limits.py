@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from yatrain.common import GIB
-from yatrain.config import Recipe
 from yatrain.plan.memory import plan_memory
 from yatrain.plan.report import explain
+from yatrain.recipe.config import Recipe
 from yatrain.sharding.sizes import device_memory
 
 ASSUMED_GPU_GIB = 80.0  # A100/H100 80GB class: what `yatrain plan` assumes without a GPU

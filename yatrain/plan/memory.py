@@ -34,12 +34,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from yatrain.common import DTYPES, GIB, dtype_bytes
-from yatrain.config import ModelConfig, Recipe
 from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
 from yatrain.plan.layout import fp8_units, planned_group, traffic_table, unit_layouts
+from yatrain.recipe.config import ModelConfig, Recipe
+from yatrain.recipe.topology import divisors
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers, staging_budget
-from yatrain.topology import divisors
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
 COMM_BYTES = 1 * GIB  # NCCL channel buffers and the communication stream's scratch

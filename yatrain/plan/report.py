@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from yatrain.common import format_bytes
-from yatrain.config import Recipe
 from yatrain.models.llama import count_parameters
 from yatrain.plan.memory import MemoryPlan
+from yatrain.recipe.config import Recipe
 
 LABELS = {
     "master_weights": "fp32 master weights (shard)",

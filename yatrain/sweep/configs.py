@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from yatrain.config import Recipe
 from yatrain.errors import ConfigError
 from yatrain.plan import plan_for_layers, resolve_auto_checkpoint_layers
 from yatrain.plan.limits import local_device
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.load import load_recipe
 
 
 @dataclass

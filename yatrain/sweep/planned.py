@@ -15,7 +15,7 @@ from yatrain.files import replacing, write_whole
 from yatrain.plan import plan_memory
 from yatrain.plan.layout import check_planned_layout
 from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device, memory_limit
-from yatrain.recipe_load import load_recipe
+from yatrain.recipe.load import load_recipe
 from yatrain.sweep.configs import base_recipe, shape_overrides
 
 PLAN_COLUMNS = [

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from yatrain.common import GIB, dumps_json, format_bytes
-from yatrain.config import WandbConfig
 from yatrain.files import write_whole
 from yatrain.output.wandb_logger import WandbLogger
+from yatrain.recipe.config import WandbConfig
 
 COLUMNS = [
     "name",

@@ -17,15 +17,15 @@ import torch
 
 from yatrain.checkpoint.init_from import init_from_source
 from yatrain.common import DTYPES
-from yatrain.config import ModelConfig, Recipe
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import Llama, build_model
 from yatrain.plan import resolve_auto_checkpoint_layers
 from yatrain.plan.limits import staging_memory
+from yatrain.recipe.config import ModelConfig, Recipe
+from yatrain.recipe.topology import shard_group_size
 from yatrain.runtime.process import Runtime
 from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.sharding.sizes import staging_budget
-from yatrain.topology import shard_group_size
 from yatrain.train.checkpointer import verify_init_source
 
 Say = Callable[[str], None]

@@ -39,8 +39,8 @@ from yatrain.checkpoint.store import (
     remove_stale_saves,
     save_checkpoint,
 )
-from yatrain.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.data import BatchLoader
+from yatrain.recipe.config import ModelConfig, Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.runtime.process import Runtime
 from yatrain.sharding import ShardedEngine
 

@@ -24,15 +24,15 @@ import torch.distributed as dist
 from torch import nn
 
 from yatrain.common import IGNORE_INDEX
-from yatrain.config import Recipe
+from yatrain.context_parallel.split import ContextParallel, data_rank
 from yatrain.data.heldout import (
     EvalWindows,
     attention_inputs,
     check_same_tokenizer,
     held_out_data,
 )
+from yatrain.recipe.config import Recipe
 from yatrain.runtime.process import Runtime
-from yatrain.train.context import ContextParallel, data_rank
 
 ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from yatrain.config import Recipe
 from yatrain.errors import Interrupted, TrainingError, YatrainError
+from yatrain.recipe.config import Recipe
 from yatrain.runtime.determinism import set_deterministic
 from yatrain.runtime.failures import explain, lost_peer
 from yatrain.runtime.process import init_runtime

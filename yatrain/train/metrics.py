@@ -1,15 +1,9 @@
 """Throughput, MFU and memory: every number here is measured by the code that prints it.
 
 FLOPs per token come from the model (``flops_per_token``: 6 x non-embedding weights plus
-the attention term, no causal halving, recompute not counted). MFU divides achieved FLOP/s
-per device by the device's dense peak: a published figure for known GPUs, a figure
-MEASURED at start-up for CPUs (a square matmul in the training dtype), labelled as such.
-
-Peak memory: on CUDA the caching allocator's ``max_memory_allocated`` since the last log;
-on CPU the process's resident high-water mark (``VmHWM`` in ``/proc/self/status``, reset
-at each log via ``/proc/self/clear_refs``). The CPU figure includes the Python process
-itself (interpreter, libraries), so it overstates tensor memory; it is null where the
-platform offers neither. The tensor peak (what the planner predicts) is the allocator's
+the attention term, no causal halving, recompute not counted); the device's peak FLOP/s and
+peak memory from ``runtime.device`` (a data sheet or a measured matmul; the allocator or the
+process's high-water mark). The tensor peak (what the planner predicts) is the allocator's
 figure on CUDA; on CPU it is counted by the live-tensor tracker on one chosen step
 (``tensor_step``: it slows that step, so the sweep picks a warm-up step), every tensor alive
 when the step starts adopted first.
@@ -26,93 +20,16 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from yatrain.common import DTYPES
-from yatrain.config import Recipe
 from yatrain.models.llama import flops_per_token
 from yatrain.output.console import run_summary
 from yatrain.output.record import MetricsRecord
 from yatrain.plan import LiveTensorTracker
+from yatrain.recipe.config import Recipe
+from yatrain.runtime.device import PeakMemory, peak_flops, synchronize
 from yatrain.runtime.process import Runtime
 from yatrain.sharding import ShardedEngine
 from yatrain.train.stragglers import StragglerWatch, reduce_loss_and_busy, straggler_fields
 from yatrain.train.timing import Breakdown, StepClock
-
-# Dense peak FLOP/s per device (vendor data sheets, SXM parts, no sparsity).
-PEAK_FLOPS = {
-    "A100": {"bf16": 312e12, "fp32": 19.5e12},
-    "H100": {"bf16": 989e12, "fp32": 67e12},
-    "H200": {"bf16": 989e12, "fp32": 67e12},
-}
-
-
-def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
-    """(peak FLOP/s, where the figure comes from) for MFU."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, table in PEAK_FLOPS.items():
-            if key in name:
-                return table[dtype], f"data sheet ({key} {dtype})"
-        return measure_matmul_flops(device, dtype), f"measured matmul ({name} {dtype})"
-    return measure_matmul_flops(device, dtype), f"measured matmul (cpu {dtype})"
-
-
-def measure_matmul_flops(
-    device: torch.device, dtype: str, size: int = 1024, trials: int = 12
-) -> float:
-    """Best of several square matmuls: the practical peak of this device in this dtype.
-
-    Taking the best (not the mean) keeps a busy neighbour from lowering the peak, which
-    would inflate MFU; on a machine that stays loaded it still reads low."""
-    a = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
-    b = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
-    best = float("inf")
-    for _ in range(trials):
-        synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class PeakMemory:
-    """Peak memory since the last ``read()`` (see module docstring for the method)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.method = "cuda max_memory_allocated" if device.type == "cuda" else "process VmHWM"
-        self.reset()
-
-    def reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        # Where this fails the figure is the high-water mark since process start.
-        with contextlib.suppress(OSError):
-            Path("/proc/self/clear_refs").write_text("5")
-
-    def read(self) -> int | None:
-        if self.device.type == "cuda":
-            value = torch.cuda.max_memory_allocated(self.device)
-        else:
-            value = _vm_hwm_bytes()
-        self.reset()
-        return value
-
-
-def _vm_hwm_bytes() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class StepMeter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from yatrain.config import OptimConfig
+from yatrain.recipe.config import OptimConfig
 
 
 def build_optimizer(param_groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from yatrain.config import OptimConfig
+from yatrain.recipe.config import OptimConfig
 
 _SHAPES = {
     "linear": lambda progress: 1.0 - progress,

@@ -17,25 +17,25 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from yatrain.config import Recipe
+from yatrain.context_parallel.split import ContextParallel, data_rank
 from yatrain.data import BatchLoader
 from yatrain.data import build_loader as data_loader
 from yatrain.errors import ConfigError
 from yatrain.models.float8 import check_float8
+from yatrain.output.loggers import Loggers
 from yatrain.output.tensorboard_logger import require_tensorboard
 from yatrain.plan import check_fit
-from yatrain.recipe_checks import check_vocab
+from yatrain.recipe.checks import check_vocab
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.topology import shard_group_size, validate_world_size
 from yatrain.runtime.compile_cache import cache_for_run
 from yatrain.runtime.hang import HangReporter, StackFile
 from yatrain.runtime.process import Runtime, nccl_flight_recorder
 from yatrain.runtime.watchdog import Watchdog
 from yatrain.sharding import ShardedEngine
-from yatrain.topology import shard_group_size, validate_world_size
 from yatrain.train.build import build_model_and_engine, checkpoint_layers
 from yatrain.train.checkpointer import Checkpointer
-from yatrain.train.context import ContextParallel, data_rank
 from yatrain.train.evaluate import Evaluator, build_evaluator
-from yatrain.train.loggers import Loggers
 from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import build_optimizer
 from yatrain.train.profile import StepProfiler

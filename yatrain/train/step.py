@@ -16,19 +16,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from yatrain.context_parallel.split import ContextParallel
+from yatrain.models.loss import LossFn, model_loss
 from yatrain.sharding import ShardedEngine
-from yatrain.train.context import ContextParallel
 from yatrain.train.guard import StepGuard
 from yatrain.train.timing import NoClock, StepClock
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro, seq_len]
 # Extra model arguments derived from a micro-batch's inputs (document ids, positions).
 ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
-# The mean loss of a micro-batch: (model, inputs, targets, extra model arguments) -> loss.
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, dict], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -40,23 +38,6 @@ class StepOutcome:
     stop: bool = False  # a stop signal arrived on some rank
     nonfinite: bool = False  # the loss or gradient norm was not finite: no update applied
     bad_weights: bool = False  # the applied update made some weight non-finite
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss, computed in fp32 whatever the logits' dtype."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def model_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, extra: dict):
-    """The model's own loss (what training uses): Llama's output head fused with the
-    cross-entropy, chunk by chunk, never holding logits for every token."""
-    return model(inputs, **extra, targets=targets)
-
-
-def logits_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, extra: dict):
-    """The plain loss: logits for every token, then ``cross_entropy`` (the benchmarks'
-    common ground with FSDP2 and DDP)."""
-    return cross_entropy(model(inputs, **extra), targets)
 
 
 def forward_backward(
@@ -102,7 +83,7 @@ def train_step(
     per micro-batch (the loader's document ids and positions); ``loss_fn`` is the model's
     own fused loss unless a comparison needs the plain one (``logits_loss``); ``clock``
     times the step's parts (``timing.StepClock``); ``context``: context parallelism
-    (``train.context``), this rank's chunks of the micro-batches' windows."""
+    (``context_parallel.split``), this rank's chunks of the micro-batches' windows."""
     engine.expect_micro_batches(len(micro_batches))  # hybrid: the last one starts the all-reduce
     clock = clock or NoClock()
     clock.phase("model")

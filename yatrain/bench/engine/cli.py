@@ -50,7 +50,7 @@ from yatrain.bench.engine.harness import run_all
 from yatrain.bench.engine.report import report
 from yatrain.bench.measure import load_average
 from yatrain.common import DTYPES
-from yatrain.config import LOSS_CHUNK_TOKENS
+from yatrain.recipe.config import LOSS_CHUNK_TOKENS
 from yatrain.runtime.determinism import deterministic_cublas
 
 

@@ -43,7 +43,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
 from yatrain.common import DTYPES
-from yatrain.config import (
+from yatrain.models.float8 import float8_projections, load_torchao
+from yatrain.models.llama import Llama, materialize
+from yatrain.models.loss import cross_entropy, logits_loss, model_loss
+from yatrain.recipe.config import (
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -51,12 +54,10 @@ from yatrain.config import (
     ShardingConfig,
     TrainConfig,
 )
-from yatrain.models.float8 import float8_projections, load_torchao
-from yatrain.models.llama import Llama, materialize
 from yatrain.runtime.process import Runtime
 from yatrain.train.build import build_model_and_engine, meta_model
 from yatrain.train.optim import build_optimizer
-from yatrain.train.step import cross_entropy, logits_loss, model_loss, train_step
+from yatrain.train.step import train_step
 from yatrain.train.timing import StepClock
 
 CONTENDERS = (

@@ -26,8 +26,8 @@ from yatrain.bench.engine.contenders import BUILDERS, Trainer
 from yatrain.bench.measure import hwm_bytes, median, reset_hwm, rss_bytes, trim_heap
 from yatrain.bench.traffic import CommCounter
 from yatrain.common import format_bytes
-from yatrain.harness.ranks import run_ranks
 from yatrain.runtime.determinism import set_deterministic
+from yatrain.testing.ranks import run_ranks
 
 
 def rank_batches(o: dict, rank: int, world: int, n_steps: int, device) -> list[list]:

@@ -24,10 +24,10 @@ import torch
 from yatrain.bench.engine.contenders import YATRAIN_VARIANTS, contender_recipe
 from yatrain.bench.measure import table
 from yatrain.common import format_bytes
-from yatrain.config import Recipe
+from yatrain.models.loss import model_loss
 from yatrain.plan import MemoryPlan, plan_for_layers
 from yatrain.plan.limits import memory_limit, staging_memory
-from yatrain.train.step import model_loss
+from yatrain.recipe.config import Recipe
 
 
 def planned_recipe(o: dict, name: str) -> tuple[Recipe, str]:

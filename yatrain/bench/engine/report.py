@@ -15,7 +15,7 @@ from yatrain.bench.engine.planned import planned_vs_measured
 from yatrain.bench.measure import median, spread, table, verdict
 from yatrain.common import format_bytes
 from yatrain.models.llama import count_parameters, flops_per_token
-from yatrain.train.metrics import measure_matmul_flops, peak_flops
+from yatrain.runtime.device import measure_matmul_flops, peak_flops
 
 
 def _size(n: float | None) -> str:

@@ -11,7 +11,7 @@ function). The collectives go through a ``comm.Communicator`` on the CP group: c
 its ``bytes_sent``, on CUDA on its communication stream.
 
 This module knows tensors and positions in a window, not models: how the gathered keys and
-values are attended is the caller's (``train.context``).
+values are attended is the caller's (``context_parallel.split``).
 
 CP groups are contiguous ranks (``[0..CP-1], [CP..2CP-1], ...``), as in torchtitan's mesh,
 so a group sits inside one shard group (hybrid sharding) and, with ``auto``, inside one node.
@@ -28,7 +28,7 @@ from yatrain.sharding.comm import Communicator
 from yatrain.sharding.groups import make_communicator
 
 # The budget of the one additive causal mask a CPU rank's CP attention shares between its
-# query pieces (``train.gathered_attention``): 8 MiB in fp32, whatever the window (the
+# query pieces (``context_parallel.attention``): 8 MiB in fp32, whatever the window (the
 # planner counts it)
 MASK_ELEMENTS = 2**21
 

@@ -14,8 +14,8 @@ from typing import Literal
 
 import yaml
 
-from yatrain.schema import limit as _limit
-from yatrain.schema import to_dict
+from yatrain.recipe.schema import limit as _limit
+from yatrain.recipe.schema import to_dict
 
 LOSS_CHUNK_TOKENS = 512  # train.loss_chunk_tokens: 0.37 GiB of bf16-run logits at 128K vocab
 

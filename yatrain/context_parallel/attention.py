@@ -1,5 +1,5 @@
 """Attention over a window's gathered keys and values, for this rank's chunks of it (context
-parallelism, ``train.context``): the ``Attend`` a model gets in place of its causal attention.
+parallelism, ``split``): the ``Attend`` a model gets in place of its causal attention.
 
 Rank i holds chunks i and 2 CP - 1 - i of a window (``sharding.context_parallel``); each
 attention layer gathers the window's keys and values (``ContextGroup.gather``: one
@@ -22,11 +22,13 @@ alignment is given to SDPA is a question of memory:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
+from yatrain.context_parallel.group import MASK_ELEMENTS, ContextGroup
 from yatrain.models.llama import document_causal_mask
-from yatrain.sharding.context import MASK_ELEMENTS, ContextGroup
 
 Piece = tuple[int, int, int]  # local query rows [first, last) against window keys [0, stop)
 
@@ -49,7 +51,7 @@ class GatheredAttention:
         self.documents, self.lower_right = document_ids, lower_right
         self.mask_elements = mask_elements
         self.pieces: list[Piece] = []
-        self.masks: list[torch.Tensor | object] = []  # each piece's, made at the first layer
+        self.masks: list[Any] = []  # each piece's tensor or causal bias, made at the first layer
         self._dtype: torch.dtype | None = None  # of the masks, once made
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """A recipe read, built and checked: ``load_recipe`` (a YAML file and ``--set`` overrides)
 and ``recipe_from_dict`` (plain nested dicts).
 
-It sits above the schema (``config``) and its cross-field checks (``recipe_checks``): the
+It sits above the schema (``config``) and its cross-field checks (``recipe.checks``): the
 schema names no check and the checks import the schema's types at run time, so the three
 form no cycle, not even a type-only one (pyproject: ``exclude_type_checking_imports = false``).
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from yatrain.config import Recipe
 from yatrain.errors import ConfigError
-from yatrain.recipe_checks import check_shapes
-from yatrain.schema import build_dataclass
+from yatrain.recipe.checks import check_shapes
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.schema import build_dataclass
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:

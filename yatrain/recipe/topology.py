@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from yatrain.config import Recipe
 from yatrain.errors import ConfigError
+from yatrain.recipe.config import Recipe
 
 NAMED_DIVISORS = 8  # an error line names at most this many
 

@@ -4,7 +4,7 @@ attention over the window's gathered keys and values.
 Every rank of a CP group reads the same windows (its data rank's slice of the global batch).
 Document ids and rotary positions are computed on the whole window first (the loader's
 ``attention_inputs``), then inputs, targets, ids and positions are cut into this rank's two
-chunks (``sharding.context.ContextGroup.split``), so RoPE sees each token's place in the
+chunks (``context_parallel.group.ContextGroup.split``), so RoPE sees each token's place in the
 window and the document mask follows the window's documents. The model gets the chunks, their
 positions and a ``GatheredAttention`` as its ``attention`` (``models.llama.Attend``): in
 every layer it gathers the window's keys and values (one all-gather, reduce-scattered in the
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from yatrain.config import Recipe
+from yatrain.context_parallel.attention import GatheredAttention
+from yatrain.context_parallel.group import ContextGroup
+from yatrain.recipe.config import Recipe
+from yatrain.recipe.topology import context_parallel
 from yatrain.runtime.process import Runtime
-from yatrain.sharding.context import ContextGroup
 from yatrain.sharding.timing import IntervalClock
-from yatrain.topology import context_parallel
-from yatrain.train.gathered_attention import GatheredAttention
 
 
 class ContextParallel:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from yatrain.config import STAGING_MIN_MIB, DataConfig, Recipe
 from yatrain.errors import ConfigError
+from yatrain.recipe.config import STAGING_MIN_MIB, DataConfig, Recipe
 
 
 def check_shapes(r: Recipe) -> None:

@@ -15,12 +15,12 @@ from typing import Protocol, TextIO
 
 from tqdm import tqdm
 
-from yatrain.config import Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.output.console import format_summary, log_line
 from yatrain.output.record import MetricsFile, MetricsRecord
 from yatrain.output.run_files import truncate_metrics, write_config
 from yatrain.output.tensorboard_logger import TensorBoardLogger
 from yatrain.output.wandb_logger import WandbLogger
+from yatrain.recipe.config import Recipe, recipe_to_dict, recipe_to_yaml
 from yatrain.runtime.process import Runtime
 
 
