@@ -1,12 +1,12 @@
 """Where the step time goes at world size 2, and what measuring it costs.
 
-`python scripts/bench_breakdown.py ...` is `python -m yatrain.bench.breakdown ...`; the
-benchmark lives in yatrain/bench/ (its docstring says what it measures and how).
+`python scripts/bench_breakdown.py ...` runs `bench.breakdown` (scripts/bench/; its docstring says
+what it measures and how).
 """
 
 import sys
 
-from yatrain.bench.breakdown import main
+from bench.breakdown import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
-"""Shim: python scripts/bench_compile.py ... == python -m yatrain.bench.compile ..."""
+"""Shim: python scripts/bench_compile.py ... == python -m bench.compile ..."""
 
 import sys
 
-from yatrain.bench.compile import main
+from bench.compile import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
-"""Shim: python scripts/bench_float8.py ... == python -m yatrain.bench.float8 ..."""
+"""Shim: python scripts/bench_float8.py ... == python -m bench.float8 ..."""
 
 import sys
 
-from yatrain.bench.float8 import main
+from bench.float8 import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@
 # default ones (engine, pathcheck, hostcost, profile) finish inside 6 minutes on one H200,
 # the engine's step ratios first, so a run cut short still says what matters most:
 #
-# engine (200)    python -m yatrain.bench.engine: yatrain (direct path), yatrain-pg (the buffered
+# engine (200)    python -m bench.engine: yatrain (direct path), yatrain-pg (the buffered
 #                 path every multi-GPU run takes), yatrain-pg-noclock (the same without the step
 #                 clock yatrain pretrain always runs: its cost), a bare PyTorch step and FSDP2,
 #                 each in freshly spawned processes with a one-rank NCCL group, interleaved
@@ -17,15 +17,15 @@
 #                 for each yatrain contender, the planner's predicted tensors and total beside
 #                 the measured peak allocated, peak reserved and device memory in use, with
 #                 the ratios: what calibrates the planner's runtime allowance (6 GiB at 80 GB).
-# pathcheck (60)  python -m yatrain.bench.pathcheck, deterministic kernels (train.deterministic):
+# pathcheck (60)  python -m bench.pathcheck, deterministic kernels (train.deterministic):
 #                 the buffered path trains 4 steps from the same weights on the same batches as
 #                 its direct path (bitwise equal losses required) and as a bare PyTorch step
 #                 (autocast; within 1%).
-# hostcost (40)   python -m yatrain.bench.host_cost: host work per step counted on this machine's
+# hostcost (40)   python -m bench.host_cost: host work per step counted on this machine's
 #                 CPUs (world 2, gloo): collectives by kind, the engine's ATen ops in every
 #                 thread and, on the CUDA path over fake streams, events and stream waits; yatrain
 #                 vs FSDP2 on a dim-1024 model.
-# profile (60)    python -m yatrain.bench.host_profile: torch.profiler over 3 steps of the
+# profile (60)    python -m bench.host_profile: torch.profiler over 3 steps of the
 #                 buffered path: the top 15 host ops by self CPU time, the step's wall time and
 #                 the host time in ops.
 #
@@ -59,11 +59,12 @@
 #   bash scripts/bench_gpu.sh --n-layers 8 --repeats 1 # other arguments go to every section
 #
 # A section that outruns its budget is stopped (its partial output stays) and the next one
-# runs. Installs nothing: uses the repo's yatrain if it is not installed (PYTHONPATH=repo root).
+# runs. Installs nothing: uses the repo's yatrain if it is not installed and the benchmarks in
+# scripts/bench/ (PYTHONPATH=repo root and scripts/).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON="${PYTHON:-python}"
 
 SECTIONS="engine,pathcheck,hostcost,profile"
@@ -106,28 +107,28 @@ section() {
 
 status=0
 if wanted engine; then
-  section engine 200 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+  section engine 200 "$PYTHON" -m bench.engine --world-size 1 \
     --contenders yatrain,yatrain-pg,yatrain-pg-noclock,bare,fsdp2 \
     --warmup 3 --steps 10 --repeats 2 --mem-steps 2 "${SHAPE[@]}" "$@" || status=1
 fi
 if wanted pathcheck; then
-  section pathcheck 60 "$PYTHON" -m yatrain.bench.pathcheck "${SHAPE[@]}" "$@" \
+  section pathcheck 60 "$PYTHON" -m bench.pathcheck "${SHAPE[@]}" "$@" \
     --warmup 0 --steps 4 || status=1
 fi
 if wanted hostcost; then  # on the CPUs: counts do not depend on the device
-  section hostcost 40 "$PYTHON" -m yatrain.bench.host_cost || status=1
+  section hostcost 40 "$PYTHON" -m bench.host_cost || status=1
 fi
 if wanted profile; then
-  section profile 60 "$PYTHON" -m yatrain.bench.host_profile "${SHAPE[@]}" "$@" \
+  section profile 60 "$PYTHON" -m bench.host_profile "${SHAPE[@]}" "$@" \
     --warmup 3 --steps 3 || status=1
 fi
 if wanted reductions; then
-  section reductions 170 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+  section reductions 170 "$PYTHON" -m bench.engine --world-size 1 \
     --contenders yatrain,yatrain-chunked,fsdp2 \
     --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
 fi
 if wanted compile; then
-  section compile 230 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+  section compile 230 "$PYTHON" -m bench.engine --world-size 1 \
     --contenders yatrain,yatrain-compile,fsdp2,fsdp2-compile \
     --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
 fi
@@ -149,7 +150,7 @@ except Float8Error as error:
     sys.exit(1)
 PY
   then
-    section float8 200 "$PYTHON" -m yatrain.bench.engine --world-size 1 \
+    section float8 200 "$PYTHON" -m bench.engine --world-size 1 \
       --contenders yatrain-compile,yatrain-float8,fsdp2-compile,fsdp2-float8 \
       --warmup 3 --steps 10 --repeats 2 "${SHAPE[@]}" "$@" || status=1
   fi
@@ -159,9 +160,9 @@ if wanted sanitizer; then
     --n-kv-heads 2 --ffn-dim 512 --vocab 2048 --seq-len 128 --micro-batch 2 --accum 2)
   gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
   if [ "$gpus" -ge 2 ]; then
-    checked=(-m yatrain.bench.engine --world-size 2 --contenders yatrain --repeats 1)
+    checked=(-m bench.engine --world-size 2 --contenders yatrain --repeats 1)
   else
-    checked=(-m yatrain.bench.pathcheck)  # its yatrain-pg: a one-rank NCCL group
+    checked=(-m bench.pathcheck)  # its yatrain-pg: a one-rank NCCL group
   fi
   log=$(mktemp)
   section sanitizer 240 env TORCH_CUDA_SANITIZER=1 "$PYTHON" "${checked[@]}" "${SMALL[@]}" \

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, ROOT
-
-from yatrain.bench import (
+from bench import (
     breakdown,
     checkpoint,
     compile,
@@ -33,8 +31,9 @@ from yatrain.bench import (
     seed_table,
     tokenization,
 )
-from yatrain.bench.engine import cli as engine
-from yatrain.bench.engine.contenders import CONTENDERS
+from bench.engine import cli as engine
+from bench.engine.contenders import CONTENDERS
+from conftest import FAST, ROOT
 
 TINY = ROOT / "recipes" / "tiny.yaml"
 SETS = [f"--set={override}" for override in FAST]  # the tiny recipe at test size
@@ -277,7 +276,7 @@ def test_every_benchmark_has_a_smoke_test():
     it), so none can be added untested."""
     found = {
         path.stem if path.parent.name == "bench" else path.parent.name
-        for path in (ROOT / "yatrain" / "bench").rglob("*.py")
+        for path in (ROOT / "scripts" / "bench").rglob("*.py")
         if "def main(" in path.read_text()
     }
     assert found == set(SMOKE) | set(COVERED_ELSEWHERE)
@@ -301,7 +300,9 @@ def test_the_gpu_script_runs_the_engine_first_and_names_real_modules():
     assert defaults[0] == "engine" and {"pathcheck", "hostcost", "profile"} <= set(defaults)
     for name in defaults:
         assert f"if wanted {name}; then" in script
-    for module in set(re.findall(r"-m (yatrain\.bench\.[a-z_.]+)", script)):
+    modules = set(re.findall(r"-m (bench\.[a-z_.]+)", script))
+    assert {"bench.engine", "bench.pathcheck", "bench.host_cost"} <= modules
+    for module in modules:
         importlib.import_module(module)
     for listed in re.findall(r"--contenders ([a-z0-9,-]+)", script):
         assert set(listed.split(",")) <= set(CONTENDERS), listed

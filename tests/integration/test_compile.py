@@ -250,7 +250,7 @@ def test_unknown_backend_is_one_line():
 def test_engine_benchmark_runs_compiled_contenders(capsys):
     """bench_engine's yatrain-compile and fsdp2-compile on a tiny shape: same final loss as
     their eager twins, and the compile targets and the blocks' share are reported."""
-    from yatrain.bench.engine.cli import main
+    from bench.engine.cli import main
 
     shape = "--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 128 --vocab 256"
     shape += " --seq-len 32 --dtype fp32 --repeats 1 --steps 1 --warmup 1 --mem-steps 1"

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 import torch._dynamo.utils
+from bench import float8 as bench_float8
 from conftest import FAST, ROOT
 from distributed import run_ranks
 from engine_reference import (
@@ -23,7 +24,6 @@ from engine_reference import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 
-from yatrain.bench import float8 as bench_float8
 from yatrain.checkpoint import store as ckpt
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model

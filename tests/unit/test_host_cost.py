@@ -1,4 +1,4 @@
-"""Host work per step scales with units, not parameters (``yatrain.bench.host_cost``).
+"""Host work per step scales with units, not parameters (``bench.host_cost``).
 
 Counted on two fork-started gloo ranks over a small model: collectives by kind, the ATen ops
 the engine dispatches (in every thread), and, on the CUDA path over fake streams, the events
@@ -8,11 +8,11 @@ recorded and the stream waits. A per-parameter or per-piece regression changes t
 from __future__ import annotations
 
 import pytest
+from bench.engine.cli import parse_args
+from bench.host_cost import measure, report
 from distributed import run_ranks
 from engine_reference import CFG, SEED, batches, optimizer_for
 
-from yatrain.bench.engine.cli import parse_args
-from yatrain.bench.host_cost import measure, report
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.groups import hybrid_mesh

@@ -2,7 +2,7 @@
 fakes of ``streams.py``, the engine's communicators made the CUDA kind.
 
 Tests use it to check that every cross-stream access is ordered by an event
-(``tests/unit/test_cuda_stream_order.py``); the host-cost benchmark (``yatrain.bench.host_cost``)
+(``tests/unit/test_cuda_stream_order.py``); the host-cost benchmark (``bench.host_cost``)
 uses the same counts to report the events recorded and the stream waits per step, which on a
 GPU are host work.
 """

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from yatrain.bench.measure import load_average, median, spread, table
+from bench.measure import load_average, median, spread, table
 from yatrain.checkpoint.background_save import AsyncSaver
 from yatrain.checkpoint.optimizer_state import ensure_state
 from yatrain.checkpoint.store import dcp_mesh, save_checkpoint

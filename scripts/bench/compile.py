@@ -9,8 +9,8 @@ left out of them by the loop and read from its "compiled N graphs in X s" line).
 last compiled run is restarted for a few more steps in its run directory with the same
 cache, where it finds its kernels: the warm start.
 
-  python -m yatrain.bench.compile --data data/stdlib                       # tiny recipe shape
-  python -m yatrain.bench.compile --data data/stdlib --set model.dim=512 --set model.n_layers=8
+  python -m bench.compile --data data/stdlib                       # tiny recipe shape
+  python -m bench.compile --data data/stdlib --set model.dim=512 --set model.n_layers=8
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from yatrain.bench.measure import load_average, median, table
-from yatrain.bench.pretrain_cli import run_pretrain
+from bench.measure import load_average, median, table
+from bench.pretrain_cli import run_pretrain
 
 COMPILED_LINE = re.compile(r"compiled (\d+) graphs? in ([0-9.]+)s")
 

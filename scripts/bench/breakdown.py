@@ -35,7 +35,7 @@ import timeit
 import types
 from pathlib import Path
 
-from yatrain.bench.measure import load_average, table, verdict
+from bench.measure import load_average, table, verdict
 from yatrain.data import default_corpus_files, prepare_data
 from yatrain.output import console as report
 from yatrain.output.record import read_metrics

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from yatrain.bench.engine.contenders import BUILDERS, Trainer
-from yatrain.bench.measure import hwm_bytes, median, reset_hwm, rss_bytes, trim_heap
-from yatrain.bench.traffic import CommCounter
+from bench.engine.contenders import BUILDERS, Trainer
+from bench.measure import hwm_bytes, median, reset_hwm, rss_bytes, trim_heap
+from bench.traffic import CommCounter
 from yatrain.common import format_bytes
 from yatrain.runtime.determinism import set_deterministic
 from yatrain.testing.ranks import run_ranks

@@ -1,6 +1,6 @@
 """What the checks around an update cost: the non-finite weight check against a whole step.
 
-    python -m yatrain.bench.guard recipes/tiny.yaml --steps 20
+    python -m bench.guard recipes/tiny.yaml --steps 20
 
 One process, the recipe's model on this machine's device, synthetic tokens. Each step runs
 ``train_step`` with the guard (which includes the weight check after the update); the check
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from yatrain.bench.measure import load_average, median
+from bench.measure import load_average, median
 from yatrain.recipe.load import load_recipe
 from yatrain.runtime.device import synchronize
 from yatrain.runtime.process import init_runtime

@@ -24,7 +24,7 @@
   fsdp2-float8 runs on NCCL only.
 - ddp: ``DistributedDataParallel`` of the whole model, ``no_sync`` on all but the last
   micro-batch, its all-reduce issued through ``torch.distributed`` so it is counted.
-- bare (world 1): the plain single-process step (``yatrain.bench.bare``).
+- bare (world 1): the plain single-process step (``bench.bare``).
 
 Everything a contender needs is imported here, before ranks start, so that module import
 does not land inside one contender's memory measurement and build time.
@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
+from bench.bare import bare_adamw, bare_step, decay_groups
 from yatrain.common import DTYPES
 from yatrain.models.float8 import float8_projections, load_torchao
 from yatrain.models.llama import Llama, materialize

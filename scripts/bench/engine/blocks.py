@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from yatrain.bench.engine.contenders import model_config
-from yatrain.bench.measure import median
+from bench.engine.contenders import model_config
+from bench.measure import median
 from yatrain.common import DTYPES
 from yatrain.models.llama import DecoderLayer, rope_cos_sin
 

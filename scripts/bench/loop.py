@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from yatrain.bench.bare import bare_adamw, bare_step, decay_groups
-from yatrain.bench.measure import load_average, median, spread, table, verdict
+from bench.bare import bare_adamw, bare_step, decay_groups
+from bench.measure import load_average, median, spread, table, verdict
 from yatrain.common import DTYPES
 from yatrain.data import build_loader, prepare_data
 from yatrain.models.llama import count_parameters, materialize

@@ -13,8 +13,8 @@ over gloo:
 - yatrain only, on the CUDA path run over fake streams (``yatrain.testing.cuda_standin``):
   the events recorded and the stream waits.
 
-  python -m yatrain.bench.host_cost                      # dim 1024, 4 layers, accumulation 2
-  python -m yatrain.bench.host_cost --dim 256 --n-layers 2 --steps 1
+  python -m bench.host_cost                      # dim 1024, 4 layers, accumulation 2
+  python -m bench.host_cost --dim 256 --n-layers 2 --steps 1
 
 Targets on a model with large units (dim >= 1024): reduce-scatters per micro-batch <= units,
 all-gathers per micro-batch <= 2 x units, engine ops per step <= FSDP2's, and a constant
@@ -33,11 +33,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from yatrain.bench.engine.cli import parse_args
-from yatrain.bench.engine.contenders import BUILDERS, build_yatrain, model_config
-from yatrain.bench.engine.harness import rank_batches
-from yatrain.bench.measure import table
-from yatrain.bench.traffic import CommCounter
+from bench.engine.cli import parse_args
+from bench.engine.contenders import BUILDERS, build_yatrain, model_config
+from bench.engine.harness import rank_batches
+from bench.measure import table
+from bench.traffic import CommCounter
 from yatrain.models.llama import layer_matmul_weights
 from yatrain.testing import cuda_standin
 from yatrain.testing.ranks import run_ranks

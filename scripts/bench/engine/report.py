@@ -9,10 +9,10 @@ import argparse
 
 import torch
 
-from yatrain.bench.engine.blocks import block_seconds
-from yatrain.bench.engine.contenders import model_config
-from yatrain.bench.engine.planned import planned_vs_measured
-from yatrain.bench.measure import median, spread, table, verdict
+from bench.engine.blocks import block_seconds
+from bench.engine.contenders import model_config
+from bench.engine.planned import planned_vs_measured
+from bench.measure import median, spread, table, verdict
 from yatrain.common import format_bytes
 from yatrain.models.llama import count_parameters, flops_per_token
 from yatrain.runtime.device import measure_matmul_flops, peak_flops

@@ -31,8 +31,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import xxhash
 
-from yatrain.bench.checkpoint_stall import measure
-from yatrain.bench.checkpoint_stall import report as stall_report
+from bench.checkpoint_stall import measure
+from bench.checkpoint_stall import report as stall_report
 from yatrain.checkpoint import store as ckpt
 from yatrain.checkpoint.dcp_io import save_state
 from yatrain.checkpoint.manifest import open_checkpoint

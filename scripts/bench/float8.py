@@ -7,8 +7,8 @@ plain one: the mean training loss of the last 20 steps and the held-out loss at 
 the loss curve at a few steps. On a CPU the fp8 matmuls are emulated (torch._scaled_mm
 computes in higher precision): the step times say what float8 costs here, not on a GPU.
 
-  python -m yatrain.bench.float8 --data data/stdlib --dtype bf16 --steps 300
-  python -m yatrain.bench.float8 --data data/stdlib --dtype fp32 --steps 300 --curve out.csv
+  python -m bench.float8 --data data/stdlib --dtype bf16 --steps 300
+  python -m bench.float8 --data data/stdlib --dtype fp32 --steps 300 --curve out.csv
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from yatrain.bench.measure import load_average, median, table, verdict
-from yatrain.bench.pretrain_cli import run_pretrain
+from bench.measure import load_average, median, table, verdict
+from bench.pretrain_cli import run_pretrain
 
 VARIANTS = ("null", "tensorwise", "rowwise")
 LAST = 20  # steps whose mean training loss is compared

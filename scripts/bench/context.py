@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from yatrain.bench.measure import hwm_bytes, reset_hwm, rss_bytes, table, trim_heap, verdict
-from yatrain.bench.traffic import CommCounter
+from bench.measure import hwm_bytes, reset_hwm, rss_bytes, table, trim_heap, verdict
+from bench.traffic import CommCounter
 from yatrain.common import format_bytes
 from yatrain.context_parallel.split import ContextParallel
 from yatrain.plan import LiveTensorTracker

@@ -7,7 +7,7 @@ the ops that cost the host the most (self CPU time, top 15), with the step's wal
 the host time the profiler attributes to ops, so a slow step can be told apart as host-bound
 (host time close to the wall time) or device-bound.
 
-  python -m yatrain.bench.host_profile --device cuda [model flags as bench.engine]
+  python -m bench.host_profile --device cuda [model flags as bench.engine]
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from yatrain.bench.engine.cli import parse_args
-from yatrain.bench.engine.contenders import BUILDERS
-from yatrain.bench.engine.harness import rank_batches, rank_device, sync_device
+from bench.engine.cli import parse_args
+from bench.engine.contenders import BUILDERS
+from bench.engine.harness import rank_batches, rank_device, sync_device
 from yatrain.testing.ranks import run_ranks
 
 CONTENDER = "yatrain-pg"

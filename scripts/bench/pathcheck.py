@@ -14,7 +14,7 @@ ways, one step of each in turn, and compares every step's loss:
 - ``yatrain-pg`` against ``bare`` (plain PyTorch; autocast in bf16): within ``--tolerance``
   (relative), since autocast rounds differently from bf16 weights.
 
-  python -m yatrain.bench.pathcheck --device cuda [model flags as bench.engine]
+  python -m bench.pathcheck --device cuda [model flags as bench.engine]
 
 Exits 1, printing the table, when either comparison fails; ``scripts/bench_gpu.sh`` runs it
 before its timings.
@@ -26,10 +26,10 @@ import sys
 
 import torch
 
-from yatrain.bench.engine.cli import parse_args
-from yatrain.bench.engine.contenders import BUILDERS
-from yatrain.bench.engine.harness import rank_batches, rank_device
-from yatrain.bench.measure import table
+from bench.engine.cli import parse_args
+from bench.engine.contenders import BUILDERS
+from bench.engine.harness import rank_batches, rank_device
+from bench.measure import table
 from yatrain.runtime.determinism import deterministic_cublas
 from yatrain.testing.ranks import run_ranks
 

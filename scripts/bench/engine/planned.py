@@ -21,8 +21,8 @@ import dataclasses
 
 import torch
 
-from yatrain.bench.engine.contenders import YATRAIN_VARIANTS, contender_recipe
-from yatrain.bench.measure import table
+from bench.engine.contenders import YATRAIN_VARIANTS, contender_recipe
+from bench.measure import table
 from yatrain.common import format_bytes
 from yatrain.models.loss import model_loss
 from yatrain.plan import MemoryPlan, plan_for_layers

@@ -33,7 +33,7 @@ What is measured, per contender:
 - optional live-tensor peak (--memtracker): torch.distributed._tools.mem_tracker.MemTracker
   over a separate short run per contender, so its overhead does not touch the timed steps.
 - bytes sent per step per rank: every torch.distributed collective the contender calls is
-  counted with ring accounting (yatrain.bench.traffic.CommCounter), the same rule as the engine's
+  counted with ring accounting (bench.traffic.CommCounter), the same rule as the engine's
   own ``bytes_sent`` (which is printed alongside as a cross-check for yatrain).
 """
 
@@ -45,10 +45,10 @@ import sys
 
 import torch
 
-from yatrain.bench.engine.contenders import CONTENDERS
-from yatrain.bench.engine.harness import run_all
-from yatrain.bench.engine.report import report
-from yatrain.bench.measure import load_average
+from bench.engine.contenders import CONTENDERS
+from bench.engine.harness import run_all
+from bench.engine.report import report
+from bench.measure import load_average
 from yatrain.common import DTYPES
 from yatrain.recipe.config import LOSS_CHUNK_TOKENS
 from yatrain.runtime.determinism import deterministic_cublas
