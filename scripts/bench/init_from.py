@@ -87,7 +87,7 @@ def _measure(rank: int, world: int, cfg: ModelConfig, folder: Path) -> dict:
     before = _status("VmRSS")
     engine = shard_model(model, recipe, runtime, init=init)
     peak = _status("VmHWM")
-    master = 4 * (engine.master.numel() + engine.small_master.numel())
+    master = 4 * (engine.shards.master.numel() + engine.shards.small_master.numel())
     largest = max(4 * layout.numel for layout in engine.layouts)
     return {
         "rank": rank,

@@ -50,7 +50,7 @@ def _train(rank: int, layout: str, dtype: torch.dtype) -> tuple[list[float], lis
     cuda = isinstance(engine.comm, CudaStreamCommunicator)
     if cuda:  # the exposed-communication clock times with CUDA events too
         engine.comm.clock.cuda = True
-        assert isinstance(engine.reducer, StreamReducer)
+        assert isinstance(engine.buffers.reducer, StreamReducer)
         assert layout != "hybrid" or isinstance(engine.replica_comm, CudaStreamCommunicator)
     opt = optimizer_for(engine.param_groups(0.1))
     losses, norms = [], []

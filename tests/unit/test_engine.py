@@ -121,8 +121,8 @@ def test_no_grad_forward_between_training_steps():
 def _parameters_live_in_engine_buffers(rank, world):
     model = build_model(CFG)
     engine = engine_for(model)
-    owned = {engine.small_buffer.untyped_storage().data_ptr()}
-    owned |= {b.data.untyped_storage().data_ptr() for b in engine.buffer_of}
+    owned = {engine.buffers.small_buffer.untyped_storage().data_ptr()}
+    owned |= {b.data.untyped_storage().data_ptr() for b in engine.buffers.buffer_of}
     seen = set()
 
     def record(module, args, output):
@@ -188,8 +188,9 @@ def _step_allocations(rank, world, n_layers, sharded):
         per_step.append(counter.bytes)
     buffers, grad_shard = None, 0
     if sharded:
-        buffers = sorted(b.data.numel() for b in {id(b): b for b in engine.buffer_of}.values())
-        grad_shard = engine.master.numel() * 4  # allocated at each step's first reduction
+        gathers = {id(b): b for b in engine.buffers.buffer_of}.values()
+        buffers = sorted(b.data.numel() for b in gathers)
+        grad_shard = engine.shards.master.numel() * 4  # allocated at each step's first reduction
     return per_step, buffers, grad_shard
 
 

@@ -92,9 +92,9 @@ def _allocations(rank, world, dtype):
     model = build_model(CFG)
     engine = engine_for(model, param_dtype=dtype)
     plan = engine.buffer_plan()
-    gathers = {id(b): b.data for b in engine.buffer_of}.values()
-    slots = {id(s): s.data for s in engine.slot_of if s is not None}.values()
-    reducer = engine.reducer
+    gathers = {id(b): b.data for b in engine.buffers.buffer_of}.values()
+    slots = {id(s): s.data for s in engine.buffers.slot_of if s is not None}.values()
+    reducer = engine.buffers.reducer
     return (
         sorted((t.numel(), t.dtype) for t in gathers),
         sorted((t.numel(), t.dtype) for t in slots),

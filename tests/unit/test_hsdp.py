@@ -82,7 +82,7 @@ def _one_step_traffic(rank, world, group_size):
     tokens = batches(world, steps=1)[0][rank : rank + 1]
     before = engine.bytes_sent_intra, engine.bytes_sent_cross
     train_step(model, engine, opt, [(tokens[:, :-1], tokens[:, 1:])], grad_clip=1.0)
-    shard_bytes = 4 * (engine.master.numel() + engine.small_master.numel())
+    shard_bytes = 4 * (engine.shards.master.numel() + engine.shards.small_master.numel())
     intra = engine.bytes_sent_intra - before[0]
     cross = engine.bytes_sent_cross - before[1]
     planned = step_traffic(

@@ -132,11 +132,6 @@ class ShardedEngine:
             device=self.device,
             clock=self.waits,
         )
-        # The parts under the names callers (tests, benchmarks) use; none is ever reassigned.
-        self.master, self.small_master = self.shards.master, self.shards.small_master
-        self.small_param = self.shards.small_param
-        self.buffer_of, self.slot_of = self.buffers.buffer_of, self.buffers.slot_of
-        self.small_buffer, self.reducer = self.buffers.small_buffer, self.buffers.reducer
 
     def _wait_clock(self) -> IntervalClock:
         """Exposed communication: the waits on gathers and reductions (timing.py), timed
@@ -261,7 +256,7 @@ class ShardedEngine:
         call over a handful of tensors."""
         return [
             {"params": self.owned_params, "weight_decay": weight_decay},
-            {"params": [self.small_param], "weight_decay": 0.0},
+            {"params": [self.shards.small_param], "weight_decay": 0.0},
         ]
 
     # ------------------------------------------------------------------ where the step is
@@ -288,7 +283,7 @@ class ShardedEngine:
         the fp32 master weights, and one group per optimizer state tensor shaped like the
         weights (AdamW: ``exp_avg``, ``exp_avg_sq``). Views, no copies: loading into them
         restores the engine."""
-        params = [*self.owned_params, self.small_param]
+        params = [*self.owned_params, self.shards.small_param]
         groups: dict[str, list[torch.Tensor]] = {"model": list(params)}
         if optimizer is not None:
             first = optimizer.state[params[0]]
@@ -305,8 +300,8 @@ class ShardedEngine:
         """Where this rank is in its step (read by a hang report, from another thread):
         phase, unit, micro-batch, the collectives it has entered and what it waits on."""
         comms = [self.comm, self.replica_comm]
-        if self.reducer is not None and self.reducer.comm is not self.comm:
-            comms.append(self.reducer.comm)
+        if self.buffers.reducer is not None and self.buffers.reducer.comm is not self.comm:
+            comms.append(self.buffers.reducer.comm)
         blocked = self.waits.blocked
         return {
             "phase": self.phase,
@@ -325,7 +320,7 @@ class ShardedEngine:
     @property
     def bytes_sent_intra(self) -> int:
         """Sent within the shard group: gathers, reduce-scatters, the norm's all-reduce."""
-        reducer = self.reducer
+        reducer = self.buffers.reducer
         extra = reducer.comm.bytes_sent if reducer and reducer.comm is not self.comm else 0
         return self.comm.bytes_sent + extra
 
@@ -340,7 +335,7 @@ class ShardedEngine:
         """Every parameter in fp32 on CPU, gathered one unit at a time (tests and export)."""
         result: dict[str, torch.Tensor] = {}
         pairs = [(self.layouts[i], self.shards.unit_master[i]) for i in self.owned]
-        for layout, shard in [*pairs, (self.small, self.small_master)]:
+        for layout, shard in [*pairs, (self.small, self.shards.small_master)]:
             full = torch.empty(layout.padded_numel, dtype=torch.float32, device=self.device)
             self.comm.wait(self.comm.all_gather(full, shard))
             for slot, view in zip(layout.slots, layout.views(full), strict=True):
