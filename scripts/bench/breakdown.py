@@ -40,10 +40,9 @@ from yatrain.data import default_corpus_files, prepare_data
 from yatrain.output import console as report
 from yatrain.output.record import read_metrics
 from yatrain.recipe.load import load_recipe
-from yatrain.runtime import hang
+from yatrain.runtime import hang, stragglers
 from yatrain.sharding import comm, timing
 from yatrain.testing.ranks import run_ranks
-from yatrain.train import stragglers
 from yatrain.train import timing as step_timing
 from yatrain.train.loop import pretrain
 

@@ -11,7 +11,7 @@ from faults import DIE, HANG, at_step, inject
 from test_failures import pretrain_args, rank_stderr, torchrun
 
 from yatrain.runtime.hang import describe, format_report
-from yatrain.train.stragglers import STRAGGLER_LOGS
+from yatrain.runtime.stragglers import STRAGGLER_LOGS
 
 WORLD = 4
 TIMEOUT = "--set=train.collective_timeout_s=3"

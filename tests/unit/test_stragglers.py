@@ -3,7 +3,7 @@ one), and only ``STRAGGLER_LOGS`` logs in a row of the same rank name it."""
 
 from __future__ import annotations
 
-from yatrain.train.stragglers import STRAGGLER_LOGS, StragglerWatch
+from yatrain.runtime.stragglers import STRAGGLER_LOGS, StragglerWatch
 
 
 def test_different_ranks_lagging_once_each_name_no_straggler():

@@ -59,7 +59,7 @@ class MetricsRecord:
     unattributed_s: float | None = None
     checkpoint_s: float | None = None
     eval_s: float | None = None
-    # Stragglers (train.stragglers): the rank with the longest busy time per step (the step
+    # Stragglers (runtime.stragglers): the rank with the longest busy time per step (the step
     # minus its waits on collectives and data), that time, and the median over ranks.
     slowest_rank: int | None = None
     slowest_busy_s: float | None = None
