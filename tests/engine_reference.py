@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from yatrain.common import DTYPES
 from yatrain.context_parallel.group import ContextGroup
 from yatrain.context_parallel.split import ContextParallel
+from yatrain.data.batch import MicroBatch
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model, materialize
 from yatrain.recipe.config import ModelConfig
@@ -154,19 +155,12 @@ def run_steps(
     for step in data:
         first = rank // cp * per_rank
         mine = step[first : first + per_rank]
-        micros = [
-            (mine[start : start + micro, :-1], mine[start : start + micro, 1:])
-            for start in range(0, per_rank, micro)
-        ]
-        outcome = train_step(
-            model,
-            engine,
-            opt,
-            micros,
-            grad_clip=clip,
-            model_inputs=model_inputs,
-            context=context,
-        )
+        micros = []
+        for start in range(0, per_rank, micro):
+            inputs, targets = mine[start : start + micro, :-1], mine[start : start + micro, 1:]
+            extra = model_inputs(inputs) if model_inputs is not None else {}
+            micros.append(MicroBatch(inputs, targets, extra))
+        outcome = train_step(model, engine, opt, micros, grad_clip=clip, context=context)
         norms.append(outcome.grad_norm.item())
         loss = outcome.loss
         if world > 1:

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from yatrain.models.loss import cross_entropy
-from yatrain.train.step import MicroBatch
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -44,7 +43,7 @@ def bare_step(
     run: Callable[[torch.Tensor], torch.Tensor],
     params: list[nn.Parameter],
     optimizer: torch.optim.Optimizer,
-    micro_batches: Sequence[MicroBatch],
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     *,
     device: torch.device,
     dtype: torch.dtype,

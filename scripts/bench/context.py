@@ -35,6 +35,7 @@ from yatrain.context_parallel.split import ContextParallel
 from yatrain.plan import LiveTensorTracker
 from yatrain.recipe.config import Recipe
 from yatrain.recipe.load import load_recipe
+from yatrain.recipe.topology import job_layout
 from yatrain.runtime.process import Runtime
 from yatrain.testing.ranks import run_ranks
 from yatrain.train.build import build_model_and_engine
@@ -87,8 +88,9 @@ def measure(rank: int, world: int, recipe: Recipe) -> dict:
     trim_heap()
     before_build = rss_bytes()
     runtime = Runtime.of_caller_group(torch.device("cpu"))
-    context = ContextParallel.of_recipe(recipe, runtime)
-    model, engine = build_model_and_engine(recipe, runtime)
+    layout = job_layout(recipe, runtime.world_size, runtime.local_world_size)
+    context = ContextParallel.of_layout(layout, runtime.device)
+    model, engine = build_model_and_engine(recipe, runtime, layout=layout)
     optimizer = build_optimizer(engine.param_groups(0.1), recipe.optim)
     cp = context.size if context is not None else 1
     gen = torch.Generator().manual_seed(0)

@@ -133,7 +133,7 @@ def run_bare(recipe: Recipe) -> dict:
         start = time.perf_counter()
         lr = lr_at(step, o, total)
         set_lr(opt, lr)
-        micro_batches = loader.next_batch()
+        micro_batches = [(batch.inputs, batch.targets) for batch in loader.next_batch()]
         data_wait = time.perf_counter() - start
         loss, grad_norm = bare_step(
             run, params, opt, micro_batches, device=device, dtype=dtype, clip=o.grad_clip

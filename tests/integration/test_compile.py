@@ -129,7 +129,7 @@ def test_a_graph_compiled_after_warm_up_is_a_recompile(small_data, tmp_path, mon
     def shorter_from_step_2(model, engine, optimizer, micro_batches, **kwargs):
         calls.append(1)
         if len(calls) >= 2:
-            micro_batches = [(inputs[:, :-1], targets[:, :-1]) for inputs, targets in micro_batches]
+            micro_batches = [(b.inputs[:, :-1], b.targets[:, :-1]) for b in micro_batches]
         return train_step(model, engine, optimizer, micro_batches, **kwargs)
 
     monkeypatch.setattr(loop, "train_step", shorter_from_step_2)

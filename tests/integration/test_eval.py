@@ -91,7 +91,7 @@ def test_every_rank_runs_the_same_micro_batches(small_data, windows):
         batches = [list(s.micro_batches()) for s in slices]
         assert len({len(b) for b in batches}) == 1  # the same number of forward passes
         flat = [pair for rank_batches in batches for pair in rank_batches]
-        for k, (inputs, targets) in enumerate(flat):
+        for k, (inputs, targets, _) in enumerate(flat):
             for row in range(2):
                 j = 2 * k + row
                 if j < windows:
@@ -99,7 +99,7 @@ def test_every_rank_runs_the_same_micro_batches(small_data, windows):
                     assert targets[row].tolist() == stream[j * 32 + 1 : j * 32 + 33].tolist()
                 else:
                     assert (targets[row] == IGNORE_INDEX).all()
-        assert sum(int((t != IGNORE_INDEX).sum()) for _, t in flat) == windows * 32
+        assert sum(int((t != IGNORE_INDEX).sum()) for _, t, _ in flat) == windows * 32
 
 
 def recipe(data: Path, *extra: str):

@@ -28,8 +28,9 @@ from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInpu
 
 from yatrain.models.float8 import FP8, Float8Error, apply_float8, check_float8, load_torchao
 from yatrain.models.llama import build_model
-from yatrain.plan.memory import engine_layout, plan_memory
+from yatrain.plan.memory import engine_layout
 from yatrain.plan.report import format_plan
+from yatrain.plan.search import plan_memory
 from yatrain.recipe.load import load_recipe
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.traffic import step_traffic

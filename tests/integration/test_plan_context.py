@@ -16,6 +16,7 @@ from yatrain.cli import app
 from yatrain.common import DTYPES, GIB
 from yatrain.context_parallel.group import ContextGroup
 from yatrain.context_parallel.split import ContextParallel
+from yatrain.data.batch import MicroBatch
 from yatrain.models.llama import build_model
 from yatrain.plan import LiveTensorTracker, plan_for_layers, plan_memory
 from yatrain.plan.fit import fit_advice, longest_masked_window
@@ -127,15 +128,9 @@ def _measure(rank, world, rec):
             inputs, targets = step[:, :-1].contiguous(), step[:, 1:].contiguous()
             resident = mem.current
             mem.reset_peak()
-            train_step(
-                model,
-                engine,
-                optimizer,
-                [(inputs, targets)],
-                grad_clip=1.0,
-                model_inputs=inputs_of,
-                context=context,
-            )
+            extra = inputs_of(inputs) if inputs_of is not None else {}
+            batch = MicroBatch(inputs, targets, extra)
+            train_step(model, engine, optimizer, [batch], grad_clip=1.0, context=context)
     return resident, mem.peak - resident
 
 

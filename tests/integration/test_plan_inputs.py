@@ -17,7 +17,7 @@ from yatrain.checkpoint.store import PendingSave, save_failure
 from yatrain.cli import app
 from yatrain.data import load_tokenizer
 from yatrain.errors import ConfigError, DataError
-from yatrain.plan.memory import context_parallel_sizes
+from yatrain.plan.search import context_parallel_sizes
 from yatrain.recipe.load import load_recipe
 from yatrain.recipe.topology import context_parallel, divisors, shard_group_size
 from yatrain.runtime.launcher_link import LAUNCHER_PID, die_with_launcher

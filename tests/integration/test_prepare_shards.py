@@ -95,7 +95,7 @@ def test_merged_parts_are_the_one_machine_data_set(tmp_path, corpus, model, one_
     loaders = [GlobalBatchLoader(TokenShards.open(d), 16, 8, 2, seed=5) for d in (one_machine, out)]
     for _ in range(3):
         batches = [loader.next_batch() for loader in loaders]
-        for (x1, y1), (x2, y2) in zip(*batches, strict=True):
+        for (x1, y1, _), (x2, y2, _) in zip(*batches, strict=True):
             assert x1.equal(x2) and y1.equal(y2)
 
 

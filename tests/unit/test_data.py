@@ -300,7 +300,7 @@ def test_windows_share_boundary_tokens(shards):
     assert loader.num_windows == 999 // 16 and loader.accumulation_steps == 2
     assert loader.tokens_per_step == 64
     windows = loader.global_batch(0)
-    (x0, y0), (x1, y1) = loader.next_batch()
+    (x0, y0, _), (x1, y1, _) = loader.next_batch()
     x, y = torch.cat([x0, x1]), torch.cat([y0, y1])
     assert x.shape == (4, 16) and x.dtype == torch.int64
     expected = torch.from_numpy(windows[:, None] * 16 + np.arange(16))
@@ -313,7 +313,7 @@ def _step_inputs(shards, step, world, micro, seq_len=8, batch=8, seed=3) -> torc
     for rank in range(world):
         loader = GlobalBatchLoader(shards, seq_len, batch, micro, rank, world, seed)
         loader.load_state_dict({**loader.state_dict(), "step": step})
-        parts += [x for x, _ in loader.next_batch()]
+        parts += [batch.inputs for batch in loader.next_batch()]
     return torch.cat(parts)
 
 
@@ -342,7 +342,7 @@ def test_state_dict_round_trip(shards):
         loader.next_batch()
     state = json.loads(json.dumps(loader.state_dict()))
     assert state["step"] == 3
-    expected = torch.cat([x for x, _ in loader.next_batch()])
+    expected = torch.cat([batch.inputs for batch in loader.next_batch()])
     resumed = GlobalBatchLoader(shards, 8, 8, micro_batch_size=4, rank=0, world_size=2)
     resumed.load_state_dict(state)
     assert resumed.step == 3

@@ -78,7 +78,7 @@ def test_each_global_batch_gets_its_share(sources):
     loader = MixtureLoader(sources, weights, SEQ, global_batch_size=20, micro_batch_size=20)
     shares = []
     for _ in range(30):
-        ((x, _y),) = loader.next_batch()
+        ((x, _y, _extra),) = loader.next_batch()
         per_source = torch.bincount(_source_of(x), minlength=3).numpy()
         assert (np.abs(per_source - 20 * np.array(weights)) <= 1).all()
         shares.append(per_source)
@@ -95,7 +95,7 @@ def _step_inputs(sources, weights, step, world, micro) -> torch.Tensor:
     for rank in range(world):
         loader = MixtureLoader(sources, weights, SEQ, 12, micro, rank, world, seed=5)
         loader.load_state_dict({**loader.state_dict(), "step": step})
-        parts += [x for x, _ in loader.next_batch()]
+        parts += [batch.inputs for batch in loader.next_batch()]
     return torch.cat(parts)
 
 
@@ -110,7 +110,7 @@ def test_global_batch_independent_of_world_size(sources):
 def test_resume_is_exact_and_checked(sources):
     weights = [0.6, 0.1, 0.3]
     straight = MixtureLoader(sources, weights, SEQ, 12, 4, seed=2)
-    reference = [torch.cat([x for x, _ in straight.next_batch()]) for _ in range(25)]
+    reference = [torch.cat([batch.inputs for batch in straight.next_batch()]) for _ in range(25)]
     first = MixtureLoader(sources, weights, SEQ, 12, 4, seed=2)
     for _ in range(9):
         first.next_batch()
@@ -129,7 +129,7 @@ def test_exhausted_source_reshuffles_and_says_so_once(sources):
     loader = MixtureLoader(sources, [0.2, 0.6, 0.2], SEQ, 10, 10, seed=1, notice=said.append)
     steps = []
     for _ in range(10):  # source b (15 windows) gets 6 per step: 4 epochs in 10 steps
-        ((x, _y),) = loader.next_batch()
+        ((x, _y, _extra),) = loader.next_batch()
         steps.append(x[_source_of(x) == 1, 0].tolist())
     assert said == [
         f"data source {sources[1].path} used all its 15 windows at step 3: "

@@ -54,7 +54,7 @@ def test_12c_evaluation_of_a_part_padded_micro_batch_is_the_per_token_mean(small
     model = materialize(build_model(recipe.model), "cpu", seed=0)
     held = open_held_out(small_data)
     part = EvalWindows(held, 32, 5, 2, 0, 1)
-    got = Evaluator(recipe, [part], torch.device("cpu"), None).evaluate(model).loss
+    got = Evaluator(recipe, [part], torch.device("cpu")).evaluate(model).loss
     per_window = []
     with torch.no_grad():
         for window in range(5):

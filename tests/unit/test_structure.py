@@ -66,3 +66,35 @@ def test_nothing_edits_sys_path(folder):
         if any(edit in p.read_text() for edit in edits)
     ]
     assert found == []
+
+
+# Where the package may read or set environment variables: the command line and the runtime
+# own the process's environment; anything below them is handed what it needs. The exceptions
+# and why each must touch the environment itself:
+ENVIRONMENT_OWNERS = ("yatrain/cli/", "yatrain/runtime/")
+ENVIRONMENT_EXCEPTIONS = {
+    "yatrain/output/wandb_logger.py": "W&B is configured by its own variables (WANDB_MODE, ...)",
+    "yatrain/data/parallel.py": "tokenizers reads its thread count from each worker's env",
+    "yatrain/sweep/run.py": "a launcher: each configuration's process inherits this one's env",
+    "yatrain/testing/ranks.py": "sets what torchrun would for test and benchmark ranks",
+}
+
+
+def environment_uses(path: Path) -> list[int]:
+    """Lines that touch ``os.environ`` or call ``os.getenv`` (or a bare ``environ``)."""
+    names = {"environ", "getenv", "putenv"}
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Attribute) and node.attr in names)
+        or (isinstance(node, ast.Name) and node.id in names)
+    ]
+
+
+def test_only_the_cli_and_the_runtime_read_the_environment():
+    found = {
+        str(p.relative_to(ROOT)): lines for p in sources(PACKAGE) if (lines := environment_uses(p))
+    }
+    below = {name for name in found if not name.startswith(ENVIRONMENT_OWNERS)}
+    assert below == set(ENVIRONMENT_EXCEPTIONS), {n: found.get(n) for n in below}
+    assert any(name.startswith("yatrain/runtime/") for name in found)  # the scan sees reads

@@ -38,10 +38,9 @@ def check_launch(job: Launch, recipe: Path, overrides: list[str]) -> None:
     divides, the shard group divides): one line here, before any rank starts, not one per
     rank per restart."""
     from yatrain.recipe.load import load_recipe
-    from yatrain.recipe.topology import shard_group_size, validate_world_size
+    from yatrain.recipe.topology import job_layout
 
     job.check()
     loaded = load_recipe(recipe, overrides)
     for world in sorted(set(job.world_sizes())):
-        validate_world_size(loaded, world)
-        shard_group_size(loaded, world, job.nproc_per_node)
+        job_layout(loaded, world, job.nproc_per_node)  # what each rank will resolve

@@ -21,9 +21,7 @@ import torch
 
 from yatrain.context_parallel.attention import GatheredAttention
 from yatrain.context_parallel.group import ContextGroup
-from yatrain.recipe.config import Recipe
-from yatrain.recipe.topology import context_parallel
-from yatrain.runtime.process import Runtime
+from yatrain.recipe.topology import JobLayout
 from yatrain.sharding.timing import IntervalClock
 
 
@@ -34,10 +32,11 @@ class ContextParallel:
         self.group = group
 
     @classmethod
-    def of_recipe(cls, recipe: Recipe, runtime: Runtime) -> ContextParallel | None:
-        """``sharding.context_parallel`` over this run's ranks (collective), or None at 1."""
-        size = context_parallel(recipe, runtime.world_size)
-        return cls(ContextGroup.build(size, runtime.device)) if size > 1 else None
+    def of_layout(cls, layout: JobLayout, device: torch.device) -> ContextParallel | None:
+        """The layout's CP groups over this run's ranks (collective), or None at 1."""
+        if layout.context == 1:
+            return None
+        return cls(ContextGroup.build(layout.context, device))
 
     @property
     def size(self) -> int:
@@ -67,10 +66,3 @@ class ContextParallel:
         attention = GatheredAttention(self.group, seq_len, extra.get("document_ids"))
         local = {"positions": split(positions), "attention": attention}
         return split(inputs), split(targets), local
-
-
-def data_rank(context: ContextParallel | None, rank: int, world_size: int) -> tuple[int, int]:
-    """(which slice of the global batch ``rank`` reads, how many slices there are): under
-    context parallelism a CP group's ranks share one data rank's slice."""
-    size = context.size if context is not None else 1
-    return rank // size, world_size // size

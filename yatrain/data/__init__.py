@@ -14,6 +14,7 @@ _HOME = {
     "BatchLoader": "loader",
     "Corpus": "corpus",
     "GlobalBatchLoader": "loader",
+    "MicroBatch": "batch",
     "MixtureLoader": "mixture",
     "TokenShards": "shards",
     "Tokenizer": "tokenizer",
@@ -28,6 +29,7 @@ _HOME = {
 }
 
 if TYPE_CHECKING:  # the same names, for type checkers (a run imports each on first use)
+    from yatrain.data.batch import MicroBatch
     from yatrain.data.build import build_loader
     from yatrain.data.corpus import Corpus, default_corpus_files, iter_documents
     from yatrain.data.documents import document_layout
@@ -44,6 +46,7 @@ __all__ = [
     "BatchLoader",
     "Corpus",
     "GlobalBatchLoader",
+    "MicroBatch",
     "MixtureLoader",
     "TokenShards",
     "Tokenizer",

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from yatrain.common import IGNORE_INDEX
+from yatrain.data.batch import MicroBatch
 from yatrain.data.documents import document_layout
 from yatrain.data.megatron import MegatronTokens, megatron_prefix
 from yatrain.data.shards import TokenShards, has_validation, load_manifest
@@ -112,9 +113,11 @@ def check_same_tokenizer(held: list[HeldOut], sha256: str, bos_id: int, eos_id: 
             )
 
 
-def attention_inputs(
-    data: DataConfig, bos_id: int, eos_id: int
-) -> Callable[[torch.Tensor], dict[str, torch.Tensor]] | None:
+# A micro-batch's model inputs from its inputs (document ids, positions).
+ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+def attention_inputs(data: DataConfig, bos_id: int, eos_id: int) -> ModelInputs | None:
     """The extra model inputs of document masking for a batch of inputs, as in training."""
     if not data.document_mask:
         return None
@@ -134,8 +137,10 @@ class EvalWindows:
         micro_batch_size: int,
         rank: int,
         world_size: int,
+        model_inputs: ModelInputs | None = None,
     ) -> None:
         self.held, self.seq_len, self.micro = held, seq_len, micro_batch_size
+        self.model_inputs = model_inputs  # ``attention_inputs``: document ids, positions
         self.available = held.shards.windows(seq_len)
         if self.available == 0:
             raise DataError(
@@ -163,8 +168,9 @@ class EvalWindows:
     def micro_batches_per_rank(self) -> int:
         return self.per_rank // self.micro
 
-    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's (inputs, targets) int64 [micro, seq_len]; padding targets ignored."""
+    def micro_batches(self) -> Iterator[MicroBatch]:
+        """This rank's micro-batches of [micro, seq_len] windows, with their model inputs
+        (``model_inputs``, as in training); padding targets ignored."""
         span = self.seq_len + 1
         for start in range(self.first, self.first + self.per_rank, self.micro):
             real = max(0, min(self.micro, self.windows - start))
@@ -176,4 +182,5 @@ class EvalWindows:
             inputs = torch.from_numpy(tokens[:, :-1].copy())
             targets = torch.from_numpy(tokens[:, 1:].copy())
             targets[real:] = IGNORE_INDEX
-            yield inputs, targets
+            extra = self.model_inputs(inputs) if self.model_inputs is not None else {}
+            yield MicroBatch(inputs, targets, extra)

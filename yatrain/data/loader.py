@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yatrain.data.batch import MicroBatch
 from yatrain.data.documents import document_layout
 from yatrain.data.shards import TokenShards
 from yatrain.errors import DataError
@@ -90,14 +91,17 @@ class BatchLoader:
         """One line for the run's log: what the first ``steps`` steps read."""
         raise NotImplementedError
 
-    def _micro_batches(self, windows: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Cut this rank's [per_rank, seq_len + 1] token windows into (x, y) micro-batches."""
+    def _micro_batches(self, windows: np.ndarray) -> list[MicroBatch]:
+        """Cut this rank's [per_rank, seq_len + 1] token windows into micro-batches, each
+        with its model inputs."""
         tokens = torch.from_numpy(windows)
         m = self.micro_batch_size
-        return [
-            (tokens[i : i + m, :-1].contiguous(), tokens[i : i + m, 1:].contiguous())
-            for i in range(0, len(tokens), m)
-        ]
+        batches = []
+        for i in range(0, len(tokens), m):
+            inputs = tokens[i : i + m, :-1].contiguous()
+            targets = tokens[i : i + m, 1:].contiguous()
+            batches.append(MicroBatch(inputs, targets, self.attention_inputs(inputs)))
+        return batches
 
 
 class GlobalBatchLoader(BatchLoader):

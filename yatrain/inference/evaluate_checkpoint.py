@@ -20,6 +20,7 @@ from yatrain.checkpoint.store import checkpoint_tokenizer, dcp_mesh, load_weight
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe.config import Recipe
 from yatrain.recipe.load import load_recipe, recipe_from_dict
+from yatrain.recipe.topology import job_layout
 from yatrain.runtime.process import Runtime, init_runtime
 from yatrain.sharding import InitHooks
 from yatrain.train.build import build_model_and_engine
@@ -54,12 +55,13 @@ def evaluate_checkpoint(
             _check_recipe_data(recipe)
         tokenizer = checkpoint_tokenizer(saved.path)
         facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
-        evaluator = build_evaluator(recipe, runtime, facts, data_dir=data, force=True)
+        layout = job_layout(recipe, runtime.world_size, runtime.local_world_size)
+        evaluator = build_evaluator(recipe, runtime, layout, facts, data_dir=data, force=True)
         notes = [f"evaluating {saved.path} on {evaluator.describe()}", *evaluator.short_notices()]
         for line in notes if runtime.is_main else []:
             say(line)
         model, engine = build_model_and_engine(
-            inference_recipe(recipe, saved), runtime, init=_NO_INIT
+            inference_recipe(recipe, saved), runtime, layout=layout, init=_NO_INIT
         )
         load_weights(saved.path, engine, dcp_mesh(runtime))
         result = evaluator.evaluate(model)

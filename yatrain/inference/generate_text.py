@@ -9,7 +9,6 @@ starts with BOS, as every training document does.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from yatrain.common import DTYPES
 from yatrain.errors import ConfigError
 from yatrain.models.generate import Sampling, generate
 from yatrain.models.llama import Llama
+from yatrain.runtime.process import launched_world_size
 from yatrain.train.build import meta_model
 
 
@@ -71,7 +71,7 @@ def generate_text(
         prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError("--prompt is not valid UTF-8 text: pass the prompt in UTF-8") from None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched_world_size() > 1:
         raise ConfigError("yatrain generate runs in one process: run it without torchrun")
     saved = open_checkpoint(Path(path))
     tokenizer = checkpoint_tokenizer(saved.path)

@@ -1,81 +1,76 @@
-"""The fit check before launch: will a step's predicted peak fit the memory this device has?
+"""A run's start asks the planner once: what ``activation_checkpoint_layers: auto`` is here,
+and will a step's predicted peak fit the memory this device has?
 
 ``pretrain`` asks here before it allocates anything, so a recipe too big for the machine is
 refused in a second with one line (the planner's peak, what is available, what would fit)
-instead of failing in the allocator minutes later, or being killed by the kernel. On CUDA the
-planner's per-GPU peak (tensors plus its runtime allowance) is compared with the GPU's memory
-(or ``sharding.gpu_memory_gib``); on a CPU the tensor peak is compared with the RAM the
-kernel says is available (``MemAvailable``, and the cgroup's limit where one is set), shared
-among this machine's ranks.
+instead of failing in the allocator minutes later, or being killed by the kernel. What it
+plans against is the run's ``MemoryBudget`` (``budget``) over its ``JobLayout``; on a GPU
+one whole plan answers both questions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
-
-import torch
+from collections.abc import Callable
 
 from yatrain.common import format_bytes
 from yatrain.errors import ConfigError
-from yatrain.plan.limits import memory_limit, staging_memory
-from yatrain.plan.memory import plan_for_layers, plan_memory
+from yatrain.plan.budget import MemoryBudget
+from yatrain.plan.limits import auto_line
+from yatrain.plan.memory import MemoryPlan, plan_for_layers
+from yatrain.plan.search import plan_memory
 from yatrain.recipe.config import Recipe
+from yatrain.recipe.topology import JobLayout
 
 
-def available_ram() -> int | None:
-    """Bytes of RAM a new allocation can get now: ``MemAvailable``, capped by a cgroup v2
-    limit; None where neither can be read."""
-    found = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    cgroup = Path("/sys/fs/cgroup")
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int((cgroup / "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(found) if found else None
-
-
-def check_fit(recipe: Recipe, world_size: int, device: torch.device, layers: int) -> None:
-    """Raise ConfigError when the run's predicted per-device peak exceeds what the device
-    has (see the module docstring); ``layers`` is the resolved checkpointed-layer count."""
-    if device.type == "cuda":
-        have, source = memory_limit(recipe, device)
-        allowance = None  # the planner's: CUDA context, NCCL, fragmentation
+def start_plan(
+    recipe: Recipe,
+    layout: JobLayout,
+    budget: MemoryBudget,
+    fit: bool,
+    say: Callable[[str], None],
+) -> int:
+    """The number of checkpointed layers this run uses (``auto`` resolved, its line told to
+    ``say``); with ``fit``, a ConfigError when the step's peak does not fit ``budget``."""
+    setting = recipe.sharding.activation_checkpoint_layers
+    world, group = layout.world_size, layout.shard_group
+    plan: MemoryPlan | None = None
+    if setting != "auto":
+        layers = setting
+    elif budget.limit is None:
+        layers = 0
+        say(auto_line(0, budget.source, None))
     else:
-        ram = available_ram()
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        have = None if ram is None else ram // max(local, 1)
-        source = "available RAM" + (f" / {local} local ranks" if local > 1 else "")
-        allowance = 0  # tensors only: the process itself is not planned
-    if have is None:
-        return
-    staging = staging_memory(recipe, device)
-    plan = plan_for_layers(recipe, world_size, layers, have, allowance, staging)
-    if plan.fits:
-        return
-    raise ConfigError(
-        f"this run does not fit: the planner predicts a peak of "
-        f"{format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per device ({layers} of "
-        f"{recipe.model.n_layers} layers checkpointed, {world_size} device(s)) and "
-        f"{format_bytes(have, 'GiB')} is available ({source}): "
-        f"{fit_advice(recipe, world_size, have, allowance)}; `yatrain plan` shows the breakdown, "
-        "--no-fit-check skips this check"
-    )
+        plan = plan_memory(recipe, world, budget.limit, None, budget.staging, shard_group=group)
+        layers = plan.activation_checkpoint_layers
+        say(auto_line(layers, budget.source, plan))
+    if not fit or budget.have is None:
+        return layers
+    if plan is None or not budget.fit_is_auto_plan:
+        args = (budget.have, budget.allowance, budget.staging)
+        plan = plan_for_layers(recipe, world, layers, *args, shard_group=group)
+    if not plan.fits:
+        raise ConfigError(
+            f"this run does not fit: the planner predicts a peak of "
+            f"{format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per device ({layers} of "
+            f"{recipe.model.n_layers} layers checkpointed, {world} device(s)) and "
+            f"{format_bytes(budget.have, 'GiB')} is available ({budget.have_source}): "
+            f"{fit_advice(recipe, world, budget.have, budget.allowance, group)}; `yatrain plan` "
+            "shows the breakdown, --no-fit-check skips this check"
+        )
+    return layers
 
 
-def fit_advice(recipe: Recipe, world_size: int, have: int, allowance: int | None) -> str:
+def fit_advice(
+    recipe: Recipe,
+    world_size: int,
+    have: int,
+    allowance: int | None,
+    shard_group: int | None = None,
+) -> str:
     """What would make it fit, by the planner: more checkpointed layers, the document
     mask's longest sequence, context parallelism, more devices, or a smaller micro-batch."""
-    best = plan_memory(recipe, world_size, have, allowance)
+    best = plan_memory(recipe, world_size, have, allowance, shard_group=shard_group)
     if best.fits:
         return (
             f"set sharding.activation_checkpoint_layers={best.activation_checkpoint_layers} "
@@ -87,7 +82,7 @@ def fit_advice(recipe: Recipe, world_size: int, have: int, allowance: int | None
             f"set sharding.context_parallel={smallest['context_parallel']} and "
             f"sharding.activation_checkpoint_layers={smallest['activation_checkpoint_layers']}"
         )
-    masked = document_mask_words(recipe, world_size, have, allowance)
+    masked = document_mask_words(recipe, world_size, have, allowance, shard_group)
     if masked:
         return f"{masked}{', or ' + context if context else ''}"
     if context:
@@ -102,7 +97,11 @@ def fit_advice(recipe: Recipe, world_size: int, have: int, allowance: int | None
 
 
 def longest_masked_window(
-    recipe: Recipe, world_size: int, have: int, allowance: int | None
+    recipe: Recipe,
+    world_size: int,
+    have: int,
+    allowance: int | None,
+    shard_group: int | None = None,
 ) -> int | None:
     """The longest ``data.seq_len`` (a multiple of 2 x CP x 64) at which this recipe with
     its dense document mask fits (all layers may be checkpointed); None if none does."""
@@ -116,6 +115,7 @@ def longest_masked_window(
             recipe.model.n_layers,
             have,
             allowance,
+            shard_group=shard_group,
         )
         return bool(plan.fits)
 
@@ -129,17 +129,23 @@ def longest_masked_window(
 
 
 def document_mask_words(
-    recipe: Recipe, world_size: int, have: int, allowance: int | None
+    recipe: Recipe,
+    world_size: int,
+    have: int,
+    allowance: int | None,
+    shard_group: int | None = None,
 ) -> str | None:
     """When only the dense document mask keeps the run from fitting: its size, and the
     longest window at which it fits (``data.document_mask``)."""
     if not recipe.data.document_mask:
         return None
     data = dataclasses.replace(recipe.data, document_mask=False)
-    if not plan_memory(dataclasses.replace(recipe, data=data), world_size, have, allowance).fits:
+    unmasked = dataclasses.replace(recipe, data=data)
+    if not plan_memory(unmasked, world_size, have, allowance, shard_group=shard_group).fits:
         return None
-    mask = plan_for_layers(recipe, world_size, 0).breakdown.get("attention_masks", 0)
-    longest = longest_masked_window(recipe, world_size, have, allowance)
+    plan = plan_for_layers(recipe, world_size, 0, shard_group=shard_group)
+    mask = plan.breakdown.get("attention_masks", 0)
+    longest = longest_masked_window(recipe, world_size, have, allowance, shard_group)
     within = f"at most {longest} tokens" if longest else "no window"
     return (
         f"data.document_mask builds a dense mask of {format_bytes(mask, 'GiB')} per "

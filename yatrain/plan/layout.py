@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 
 from yatrain.common import DTYPES
 from yatrain.errors import ConfigError
@@ -39,11 +38,13 @@ def check_planned_layout(recipe: Recipe, gpus: int, group_fix: str) -> None:
     context_parallel(recipe, gpus, plan=True)
 
 
-def planned_group(recipe: Recipe, world_size: int) -> int:
-    """The shard group a run of this recipe on ``world_size`` GPUs uses ("auto": this
-    node's ranks, LOCAL_WORLD_SIZE under torchrun); one line if it does not divide."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return shard_group_size(recipe, world_size, local)
+def planned_group(recipe: Recipe, world_size: int, shard_group: int | None = None) -> int:
+    """The shard group a plan for ``world_size`` GPUs uses: a run's, resolved once at its
+    start (``topology.job_layout``), else the recipe's over GPUs on one node ("auto": all
+    of them, as on the one machine a sweep runs on); one line if it does not divide."""
+    if shard_group is not None:
+        return shard_group
+    return shard_group_size(recipe, world_size, local_world_size=world_size)
 
 
 @functools.lru_cache(maxsize=8)

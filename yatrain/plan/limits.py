@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from yatrain.common import GIB
-from yatrain.plan.memory import plan_memory
+from yatrain.plan.memory import MemoryPlan
 from yatrain.plan.report import explain
+from yatrain.plan.search import plan_memory
 from yatrain.recipe.config import Recipe
 from yatrain.sharding.sizes import device_memory
 
@@ -54,13 +55,22 @@ def resolve_auto_checkpoint_layers(
 ) -> tuple[int, str]:
     """The layer count ``activation_checkpoint_layers: auto`` stands for on this device, and
     the line that logs it. A device without a memory limit (a CPU, unless
-    ``sharding.gpu_memory_gib`` is set) gets 0: nothing to plan against."""
-    prefix = "sharding.activation_checkpoint_layers auto"
+    ``sharding.gpu_memory_gib`` is set) gets 0: nothing to plan against. (A training run
+    asks ``fit.start_plan``, which plans once for this and its fit check.)"""
     limit, source = memory_limit(recipe, device)
     if limit is None:
-        return 0, (
+        return 0, auto_line(0, source, None)
+    plan = plan_memory(recipe, world_size, limit)
+    return plan.activation_checkpoint_layers, auto_line(
+        plan.activation_checkpoint_layers, source, plan
+    )
+
+
+def auto_line(layers: int, source: str, plan: MemoryPlan | None) -> str:
+    """What ``auto`` became and why: the plan's words, or that nothing limits memory."""
+    prefix = "sharding.activation_checkpoint_layers auto"
+    if plan is None:
+        return (
             f"{prefix} -> 0: {source} to plan against (set sharding.gpu_memory_gib to plan for one)"
         )
-    plan = plan_memory(recipe, world_size, limit)
-    chosen = plan.activation_checkpoint_layers
-    return chosen, f"{prefix} -> {chosen} ({source}): {explain(plan)}"
+    return f"{prefix} -> {layers} ({source}): {explain(plan)}"

@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
-from yatrain.plan.layout import fp8_units, planned_group, traffic_table, unit_layouts
+from yatrain.plan.layout import fp8_units, planned_group, unit_layouts
 from yatrain.recipe.config import ModelConfig, Recipe
-from yatrain.recipe.topology import divisors
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers, staging_budget
 
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces
@@ -194,14 +193,17 @@ def plan_for_layers(
     gpu_memory_bytes: int | None = None,
     runtime_allowance_bytes: int | None = None,
     device_memory_bytes: int | None = None,
+    *,
+    shard_group: int | None = None,
 ) -> MemoryPlan:
     """Peak memory per GPU with the first ``checkpointed`` decoder layers checkpointed.
     ``device_memory_bytes``: what ``auto`` staging is a share of, when it is not
-    ``gpu_memory_bytes`` (a CPU's RAM, of which a rank may use less)."""
+    ``gpu_memory_bytes`` (a CPU's RAM, of which a rank may use less); ``shard_group``: a
+    run's resolved one (``planned_group``)."""
     m, s, data, dtype = recipe.model, recipe.sharding, recipe.data, recipe.train.dtype
     if runtime_allowance_bytes is None:
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
-    group = planned_group(recipe, world_size)  # the state is sharded over the shard group
+    group = planned_group(recipe, world_size, shard_group)  # the state is sharded over it
     direct = group == 1 and not s.force_process_group
     budget = staging_budget(s.reduce_staging_mib, device_memory_bytes or gpu_memory_bytes)
     layout = engine_layout(
@@ -242,105 +244,3 @@ def plan_for_layers(
         context_parallel=cp,
         staging={"budget": budget, "bytes": buffers.staging.bytes, "pieces": buffers.pieces},
     )
-
-
-def min_gpus_to_fit(
-    recipe: Recipe, world_size: int, gpu_memory_bytes: int, runtime_allowance_bytes: int | None
-) -> int | None:
-    """Smallest GPU count >= world_size at which all layers checkpointed fit; None if the
-    unsharded part (buffers, activations, allowance) alone is too big for any count. Under
-    hybrid sharding more replicas do not help: this is the shard group it would take. Under
-    context parallelism a multiple of its size. Sharding over the whole world, a count whose
-    data ranks take the global batch (``topology.validate_world_size``) where one fits it."""
-    n = recipe.model.n_layers
-    whole_world = recipe.sharding.shard_group_size is None
-    sharding = dataclasses.replace(recipe.sharding, shard_group_size=None)
-    recipe = dataclasses.replace(recipe, sharding=sharding)
-
-    cp = recipe.sharding.context_parallel  # counts are whole CP groups
-
-    def fits(groups: int) -> bool:
-        args = (gpu_memory_bytes, runtime_allowance_bytes)
-        return bool(plan_for_layers(recipe, groups * cp, n, *args).fits)
-
-    first = max(world_size // cp, 1)
-    high = first
-    while not fits(high):
-        if high >= 2**24:
-            return None
-        high *= 2
-    low = max(first, high // 2)
-    while low < high:  # sharded bytes only shrink as the count grows
-        mid = (low + high) // 2
-        low, high = (low, mid) if fits(mid) else (mid + 1, high)
-    slots = recipe.data.global_batch_size // recipe.data.micro_batch_size
-    takes_batch = [g for g in divisors(slots) if g >= high] if whole_world else []
-    return (takes_batch[0] if takes_batch else high) * cp
-
-
-def context_parallel_sizes(recipe: Recipe, group: int) -> list[int]:
-    """CP sizes above the recipe's a shard group of ``group`` ranks can take: they divide
-    the group, and 2 x CP divides the sequence (``sharding.context_parallel``'s rules)."""
-    seq, own = recipe.data.seq_len, recipe.sharding.context_parallel
-    return [c for c in divisors(group) if c > own and seq % (2 * c) == 0]
-
-
-def min_context_parallel(
-    recipe: Recipe,
-    world_size: int,
-    gpu_memory_bytes: int,
-    runtime_allowance_bytes: int | None,
-) -> dict | None:
-    """The smallest CP size on these GPUs at which the recipe fits, and the fewest
-    checkpointed layers it then needs; None when none does."""
-    group = planned_group(recipe, world_size)
-    for cp in context_parallel_sizes(recipe, group):
-        sharding = dataclasses.replace(recipe.sharding, context_parallel=cp)
-        candidate = dataclasses.replace(recipe, sharding=sharding)
-        for k in range(recipe.model.n_layers + 1):
-            args = (gpu_memory_bytes, runtime_allowance_bytes)
-            if plan_for_layers(candidate, world_size, k, *args).fits:
-                return {"context_parallel": cp, "activation_checkpoint_layers": k}
-    return None
-
-
-def plan_memory(
-    recipe: Recipe,
-    world_size: int,
-    gpu_memory_bytes: int | None,
-    runtime_allowance_bytes: int | None = None,
-) -> MemoryPlan:
-    """The smallest number of checkpointed first layers that fits ``gpu_memory_bytes``.
-
-    Without a memory limit the recipe's own setting is reported (0 for ``auto``). When even
-    all layers checkpointed do not fit, the plan has ``fits=False``, all layers, and
-    ``min_gpus``. ``recipe_setting`` holds the plan for the recipe's own number; for
-    ``auto``, the number it resolves to here (``resolved_layers``): this plan's.
-    """
-    n = recipe.model.n_layers
-    setting = recipe.sharding.activation_checkpoint_layers
-    own = 0 if setting == "auto" else int(setting)
-    args = (gpu_memory_bytes, runtime_allowance_bytes)
-    recipe_plan = plan_for_layers(recipe, world_size, own, *args)
-    if gpu_memory_bytes is None:
-        plan = recipe_plan
-    else:
-        plan = next(
-            (p for k in range(n + 1) if (p := plan_for_layers(recipe, world_size, k, *args)).fits),
-            None,
-        )
-        if plan is None:
-            plan = plan_for_layers(recipe, world_size, n, *args)
-            plan.min_gpus = min_gpus_to_fit(recipe, plan.shard_group_size, *args)
-            plan.min_context_parallel = min_context_parallel(recipe, world_size, *args)
-    k = plan.activation_checkpoint_layers
-    plan.traffic = traffic_table(recipe, world_size, plan.shard_group_size, k)
-    if setting == "auto":  # what start-up resolves it to (plan/limits.py): this plan
-        recipe_plan = plan
-    plan.recipe_setting = {
-        "activation_checkpoint_layers": setting,
-        "resolved_layers": recipe_plan.activation_checkpoint_layers,
-        "peak_bytes_per_gpu": recipe_plan.peak_bytes_per_gpu,
-        "fits": recipe_plan.fits,
-    }
-    return plan

@@ -5,16 +5,58 @@ Known only at launch, so checked by ``train.setup`` (and the planner) rather tha
 Under context parallelism (``sharding.context_parallel`` = CP) the world is data x context:
 CP consecutive ranks share each window, so the batch is split over world / CP data ranks,
 and CP divides the shard group (a CP group never spans two shard groups, or two nodes).
+
+A run resolves all of it once (``job_layout``) and hands the ``JobLayout`` to the engine,
+the planner, context parallelism, the loader and the evaluator, which never derive it again.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from yatrain.errors import ConfigError
 from yatrain.recipe.config import Recipe
 
 NAMED_DIVISORS = 8  # an error line names at most this many
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """How a job's ranks divide the work: every rank of a shard group holds a slice of each
+    layer, replicas of the group hold the same slices, and CP consecutive ranks share each
+    window (one data rank)."""
+
+    world_size: int
+    shard_group: int  # ranks that shard each layer; the world unless hybrid (HSDP)
+    context: int  # ranks that share each window (sharding.context_parallel)
+    local_world_size: int  # ranks on this node
+
+    @property
+    def replicas(self) -> int:
+        return self.world_size // self.shard_group
+
+    @property
+    def data_ranks(self) -> int:
+        """How many slices the global batch is cut into."""
+        return self.world_size // self.context
+
+    def data_rank(self, rank: int) -> int:
+        """Which slice ``rank`` reads: a CP group's ranks share one."""
+        return rank // self.context
+
+
+def job_layout(
+    recipe: Recipe, world_size: int, local_world_size: int, *, batch: bool = True
+) -> JobLayout:
+    """The recipe laid over this job (see the module docstring), or the one line that says
+    why it cannot be: the batch, the CP size or the shard group does not divide. ``batch``:
+    check the global batch too (a run's layout; an engine built alone reads no batches)."""
+    if batch:
+        validate_world_size(recipe, world_size)
+    group = shard_group_size(recipe, world_size, local_world_size)
+    context = context_parallel(recipe, world_size)
+    return JobLayout(world_size, group, context, local_world_size)
 
 
 def validate_world_size(recipe: Recipe, world_size: int) -> None:

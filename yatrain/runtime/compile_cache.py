@@ -157,3 +157,22 @@ def _check_writable(path: Path, what: str) -> None:
             f"{what} {path} is not writable ({error.strerror}): inductor saves its compiled "
             "code there; make it writable, or name another directory with train.compile_cache"
         ) from None
+
+
+def use_inductor_cache(path: Path) -> str | None:
+    """Point inductor at ``path`` while a run lasts (it reads the variable at each use);
+    returns the setting it replaced, for ``restore_inductor_cache``."""
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    return previous
+
+
+def restore_inductor_cache(previous: str | None) -> None:
+    os.environ.pop(CACHE_ENV, None)
+    if previous is not None:
+        os.environ[CACHE_ENV] = previous
+
+
+def cxx_compiler() -> str:
+    """The C++ compiler inductor builds CPU kernels with: its ``CXX`` setting, else g++."""
+    return os.environ.get("CXX", "g++")

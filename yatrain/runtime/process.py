@@ -63,6 +63,19 @@ class Runtime:
             dist.destroy_process_group()
 
 
+def launched_world_size() -> int:
+    """The world size torchrun launched this process into (1 outside torchrun), read
+    before any process group exists."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def elastic_run_id() -> str | None:
+    """torchrun's job id (``--rdzv-id``), the same for every rank and restart of a job;
+    None outside torchrun (or its placeholder ``none``)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return None if run_id in (None, "", "none") else run_id
+
+
 def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -> Runtime:
     """Join the torchrun job if there is one (or use the caller's process group); pick
     cuda:LOCAL_RANK when a GPU is present. ``single_rank_group``: one process gets a

@@ -22,7 +22,7 @@ from yatrain.models.llama import Llama, build_model
 from yatrain.plan import resolve_auto_checkpoint_layers
 from yatrain.plan.limits import staging_memory
 from yatrain.recipe.config import ModelConfig, Recipe
-from yatrain.recipe.topology import shard_group_size
+from yatrain.recipe.topology import JobLayout, job_layout
 from yatrain.runtime.process import Runtime
 from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.sharding.sizes import staging_budget
@@ -78,19 +78,27 @@ def shard_model(
     recipe: Recipe,
     runtime: Runtime,
     *,
+    layout: JobLayout | None = None,
+    staging_of: int | None = None,
     init: InitHooks | None = None,
     verify: bool = True,
     say: Say | None = None,
 ) -> ShardedEngine:
     """The engine over a meta ``model``: each rank materialises its shards from ``init``
-    (default: ``recipe_init``), over the whole world or within shard groups of
-    ``sharding.shard_group_size`` ranks (HSDP), the recipe's projections gathered in
-    float8; ``say`` gets what the loading reports (the bytes this rank read)."""
+    (default: ``recipe_init``), over the whole world or within the ``layout``'s shard
+    groups (HSDP; default: the recipe laid over this runtime), the recipe's projections
+    gathered in float8; ``auto`` staging a share of ``staging_of`` bytes (default: this
+    device's, ``staging_memory``); ``say`` gets what the loading reports (the bytes this
+    rank read)."""
     float8 = apply_float8(model, recipe.train.float8)
     if init is None:
         init = recipe_init(model, recipe, runtime, verify)
-    group = shard_group_size(recipe, runtime.world_size, runtime.local_world_size)
-    hybrid = group is not None and group < runtime.world_size
+    if layout is None:
+        layout = job_layout(recipe, runtime.world_size, runtime.local_world_size, batch=False)
+    if staging_of is None:
+        staging_of = staging_memory(recipe, runtime.device)
+    group = layout.shard_group
+    hybrid = group < runtime.world_size
     engine = ShardedEngine.from_model(
         model,
         device=runtime.device,
@@ -99,9 +107,7 @@ def shard_model(
         reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
         prefetch_depth=recipe.sharding.prefetch_depth,
         force_process_group=recipe.sharding.force_process_group,
-        staging_bytes=staging_budget(
-            recipe.sharding.reduce_staging_mib, staging_memory(recipe, runtime.device)
-        ),
+        staging_bytes=staging_budget(recipe.sharding.reduce_staging_mib, staging_of),
         mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
         float8=float8,
     )
@@ -114,16 +120,28 @@ def build_model_and_engine(
     recipe: Recipe,
     runtime: Runtime,
     *,
+    layout: JobLayout | None = None,
     layers: int | None = None,
+    staging_of: int | None = None,
     init: InitHooks | None = None,
     verify: bool = True,
     say: Say | None = None,
 ) -> tuple[Llama, ShardedEngine]:
     """The recipe's model (``meta_model``; ``layers``: already resolved) sharded by the engine
-    (``shard_model``), each decoder layer's forward compiled with ``train.compile`` (the
-    engine's hooks stay outside); collective under torchrun."""
+    (``shard_model``: ``layout``, ``staging_of``, ``init``), each decoder layer's forward
+    compiled with ``train.compile`` (the engine's hooks stay outside); collective under
+    torchrun."""
     model = meta_model(recipe, runtime.world_size, runtime.device, layers=layers, say=say)
-    engine = shard_model(model, recipe, runtime, init=init, verify=verify, say=say)
+    engine = shard_model(
+        model,
+        recipe,
+        runtime,
+        layout=layout,
+        staging_of=staging_of,
+        init=init,
+        verify=verify,
+        say=say,
+    )
     if recipe.train.compile:
         from yatrain.train.compile import compile_layers  # dynamo: only for a compiled run
 

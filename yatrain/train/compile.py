@@ -22,7 +22,6 @@ directory).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -33,7 +32,7 @@ import torch._dynamo.callback as dynamo_callback
 from torch import nn
 
 from yatrain.errors import ConfigError
-from yatrain.runtime.compile_cache import CACHE_ENV
+from yatrain.runtime.compile_cache import cxx_compiler, restore_inductor_cache, use_inductor_cache
 
 
 def compile_layers(
@@ -58,7 +57,7 @@ def check_backend(backend: str, device: torch.device) -> None:
     if backend != "inductor":
         return
     if device.type == "cpu":
-        compiler = os.environ.get("CXX", "g++")
+        compiler = cxx_compiler()
         if shutil.which(compiler) is None and shutil.which("clang++") is None:
             raise ConfigError(
                 f"train.compile with the inductor backend builds C++ kernels on CPU, and no C++ "
@@ -95,8 +94,7 @@ class CompileWatch:
         # Inductor reads its cache directory from the environment at each use; importing
         # dynamo already set the variable (to the command line's private default, or to
         # torch's under /tmp): the run's cache replaces it while the run lasts.
-        self._previous_cache = os.environ.get(CACHE_ENV)
-        os.environ[CACHE_ENV] = str(cache_dir)
+        self._previous_cache = use_inductor_cache(cache_dir)
         dynamo_callback.callback_handler.register_start_callback(self._start)
         dynamo_callback.callback_handler.register_end_callback(self._end)
 
@@ -145,6 +143,4 @@ class CompileWatch:
         handler = dynamo_callback.callback_handler
         handler.remove_start_callback(self._start)
         handler.remove_end_callback(self._end)
-        os.environ.pop(CACHE_ENV, None)
-        if self._previous_cache is not None:
-            os.environ[CACHE_ENV] = self._previous_cache
+        restore_inductor_cache(self._previous_cache)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from yatrain.common import IGNORE_INDEX
-from yatrain.context_parallel.split import ContextParallel, data_rank
+from yatrain.context_parallel.split import ContextParallel
+from yatrain.data.batch import MicroBatch
 from yatrain.data.heldout import (
     EvalWindows,
     attention_inputs,
@@ -32,9 +32,9 @@ from yatrain.data.heldout import (
     held_out_data,
 )
 from yatrain.recipe.config import Recipe
+from yatrain.recipe.topology import JobLayout
 from yatrain.runtime.process import Runtime
-
-ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+from yatrain.train.step import prepare_micro_batch
 
 
 @dataclass(frozen=True)
@@ -71,20 +71,19 @@ class Evaluator:
         recipe: Recipe,
         parts: list[EvalWindows],
         device: torch.device,
-        model_inputs: ModelInputs | None,
         *,
         enabled: bool = True,
         context: ContextParallel | None = None,
     ) -> None:
         self.every, self.at_end = recipe.eval.every, recipe.eval.at_end
         self.total_steps = recipe.train.steps
-        self.parts, self.device, self.model_inputs = parts, device, model_inputs
+        self.parts, self.device = parts, device
         self.context = context  # context parallelism: each rank evaluates its chunks
         self.enabled = enabled and bool(parts)
 
     @classmethod
     def disabled(cls, recipe: Recipe, device: torch.device) -> Evaluator:
-        return cls(recipe, [], device, None, enabled=False)
+        return cls(recipe, [], device, enabled=False)
 
     def due(self, step: int, stopping: bool = False) -> bool:
         """Evaluate after this step? Every ``eval.every`` steps and, with ``eval.at_end``,
@@ -123,8 +122,8 @@ class Evaluator:
         start = time.perf_counter()
         sums = torch.zeros(len(self.parts), 2, dtype=torch.float64, device=self.device)
         for index, part in enumerate(self.parts):
-            for inputs, targets in part.micro_batches():
-                sums[index] += self._loss_and_count(model, inputs, targets)
+            for batch in part.micro_batches():
+                sums[index] += self._loss_and_count(model, batch)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
         totals = sums.tolist()
@@ -144,15 +143,9 @@ class Evaluator:
             by_source=by_source,
         )
 
-    def _loss_and_count(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> torch.Tensor:
+    def _loss_and_count(self, model: nn.Module, batch: MicroBatch) -> torch.Tensor:
         """[summed loss, predicted tokens] of one micro-batch, in float64."""
-        inputs = inputs.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
-        extra = self.model_inputs(inputs) if self.model_inputs is not None else {}
-        if self.context is not None:  # the whole windows' ids and positions, then the cut
-            inputs, targets, extra = self.context.localize(inputs, targets, extra)
+        inputs, targets, extra = prepare_micro_batch(batch, self.device, self.context)
         # The model's fused, chunked loss (as in training): no logits for every token. It is
         # the mean over predicted tokens (IGNORE_INDEX targets are padding).
         mean = model(inputs, **extra, targets=targets)
@@ -163,6 +156,7 @@ class Evaluator:
 def build_evaluator(
     recipe: Recipe,
     runtime: Runtime,
+    layout: JobLayout,
     tokenizer: tuple[str, int, int],
     *,
     data_dir: Path | None = None,
@@ -171,18 +165,17 @@ def build_evaluator(
 ) -> Evaluator:
     """The run's evaluator, checked at start-up (held-out data exists, holds at least one
     window and was made with ``tokenizer`` = (sha256, BOS, EOS)); a disabled one when the
-    recipe does not evaluate, unless ``force`` (``yatrain eval``). Under ``context``
-    parallelism a CP group's ranks read their data rank's windows and evaluate their
-    chunks."""
+    recipe does not evaluate, unless ``force`` (``yatrain eval``). Each rank reads its
+    data rank's windows (``layout``); under ``context`` parallelism a CP group's ranks
+    evaluate their chunks of them."""
     if not (force or recipe.evaluates):
         return Evaluator.disabled(recipe, runtime.device)
     data = recipe.data
     held = held_out_data(data, data_dir)
     check_same_tokenizer(held, *tokenizer)
     requested = recipe.eval.batches * data.global_batch_size
-    rank, ranks = data_rank(context, runtime.rank, runtime.world_size)
-    parts = [
-        EvalWindows(h, data.seq_len, requested, data.micro_batch_size, rank, ranks) for h in held
-    ]
+    rank, ranks = layout.data_rank(runtime.rank), layout.data_ranks
     inputs = attention_inputs(data, tokenizer[1], tokenizer[2])
-    return Evaluator(recipe, parts, runtime.device, inputs, context=context)
+    micro = data.micro_batch_size
+    parts = [EvalWindows(h, data.seq_len, requested, micro, rank, ranks, inputs) for h in held]
+    return Evaluator(recipe, parts, runtime.device, context=context)

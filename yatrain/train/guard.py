@@ -26,8 +26,9 @@ ANOTHER_RANK = "a signal on another rank"  # what a rank that got no signal itse
 
 
 class StepGuard:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, announces: bool = True) -> None:
         self.device = device
+        self.announces = announces  # one rank (rank 0) says why the run stops
         self.signal_name: str | None = None
         self.run_dir_deleted_here = False  # set by rank 0, which holds the run dir's lock
         self.run_dir_deleted = False  # on any rank, agreed by the check
@@ -64,7 +65,7 @@ class StepGuard:
             self.saving = None
 
     def _announce(self) -> None:
-        if self._announced or os.environ.get("RANK", "0") != "0":
+        if self._announced or not self.announces:
             return
         self._announced = True
         start = "\n" if os.isatty(2) else ""  # off a progress bar's line

@@ -29,8 +29,9 @@ from yatrain.runtime.process import init_runtime
 from yatrain.train.evaluate import Evaluation
 from yatrain.train.guard import ANOTHER_RANK, StepGuard
 from yatrain.train.optim import set_lr
+from yatrain.train.run import Run
 from yatrain.train.schedule import lr_at
-from yatrain.train.setup import Checks, Run, setup
+from yatrain.train.setup import Checks, setup
 from yatrain.train.step import StepOutcome, train_step
 
 BACKSTOP_S = 60.0  # the process group's timeout, after the watchdog's (watchdog.py)
@@ -105,7 +106,7 @@ def train(run: Run) -> dict:
     if run.start_step >= total:
         run.loggers.say(f"nothing to do: the run is already at step {run.start_step} of {total}")
         return {"run_dir": str(run.run_dir), "steps": run.start_step}
-    guard = StepGuard(run.runtime.device)
+    guard = StepGuard(run.runtime.device, announces=run.runtime.is_main)
     run.loggers.start_progress(total, run.start_step)
     run.meter.start(first_step=run.start_step + 1)
     evaluated, failing = False, False
@@ -168,7 +169,6 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
             micro_batches,
             grad_clip=optim.grad_clip,
             guard=guard,
-            model_inputs=run.loader.attention_inputs,
             clock=run.meter.clock,
             context=run.context,
         )

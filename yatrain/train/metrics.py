@@ -27,8 +27,8 @@ from yatrain.plan import LiveTensorTracker
 from yatrain.recipe.config import Recipe
 from yatrain.runtime.device import PeakMemory, peak_flops, synchronize
 from yatrain.runtime.process import Runtime
+from yatrain.runtime.stragglers import StragglerWatch, reduce_loss_and_busy, straggler_fields
 from yatrain.sharding import ShardedEngine
-from yatrain.train.stragglers import StragglerWatch, reduce_loss_and_busy, straggler_fields
 from yatrain.train.timing import Breakdown, StepClock
 
 

@@ -31,6 +31,7 @@ from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
 from yatrain.files import open_fd, write_whole
 from yatrain.runtime.launch import check_run_id
+from yatrain.runtime.process import Runtime, elastic_run_id
 
 LOCK_FILE = ".yatrain.lock"
 OWNER_FILE = ".yatrain-owner"  # in a checkpoint.dir outside its run: the run that owns it
@@ -63,8 +64,8 @@ def check_resume_path(path: Path, ckpt_dirname: str) -> None:
 
 
 def default_run_dir(recipe_name: str, root: Path = Path("runs")) -> Path:
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
+    run_id = elastic_run_id()
+    if run_id is not None:
         check_run_id(run_id, "--rdzv-id")  # torchrun's: a name, never a path out of runs/
         return root / f"{recipe_name}-{run_id}"  # shared by the job's ranks and restarts
     base = f"{recipe_name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -237,3 +238,29 @@ def _check_owner(fd: int, folder: Path, run_dir: Path) -> int:
     if owner is None:
         write_whole(owner_file, json.dumps({"run_dir": me}) + "\n")
     return fd
+
+
+def claim_run_dir(
+    runtime: Runtime, resume: str, run_dir: Path | None, recipe_name: str, ckpt_dirname: str
+) -> tuple[Path, RunDirLock | None]:
+    """Rank 0 picks the run directory and locks it (and a checkpoint directory outside it);
+    every rank gets the path, or the same one-line error (a file in the way, another run
+    holding it or the checkpoint directory, a directory that is not a run)."""
+    answer: object = None
+    lock = None
+    if runtime.is_main:
+        try:
+            path = run_dir_for(resume, run_dir, recipe_name, ckpt_dirname)
+            check_run_dir(path)
+            lock = RunDirLock(path, Path(ckpt_dirname))
+            check_fresh_start_allowed(path, resume)
+            answer = str(path)
+        except ConfigError as error:
+            if lock is not None:
+                lock.release(started=False)
+                lock = None
+            answer = error
+    answer = runtime.broadcast_object(answer)
+    if isinstance(answer, ConfigError):
+        raise answer
+    return Path(answer), lock

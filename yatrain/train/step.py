@@ -12,21 +12,21 @@ shards, mark the gather buffers stale).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from yatrain.context_parallel.split import ContextParallel
+from yatrain.data.batch import MicroBatch
 from yatrain.models.loss import LossFn, model_loss
 from yatrain.sharding import ShardedEngine
 from yatrain.train.guard import StepGuard
 from yatrain.train.timing import NoClock, StepClock
 
-MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), int64 [micro, seq_len]
-# Extra model arguments derived from a micro-batch's inputs (document ids, positions).
-ModelInputs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+# A MicroBatch, or an (inputs, targets) pair: a micro-batch without model inputs.
+AnyMicroBatch = MicroBatch | tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -40,23 +40,29 @@ class StepOutcome:
     bad_weights: bool = False  # the applied update made some weight non-finite
 
 
+def prepare_micro_batch(
+    batch: AnyMicroBatch, device: torch.device, context: ContextParallel | None = None
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(inputs, targets, the model's other arguments) on ``device``, as the model takes them:
+    under ``context`` parallelism this rank's chunks of the windows (their model inputs
+    were computed on the whole windows). The step and the evaluator both prepare here."""
+    inputs, targets, extra = MicroBatch(*batch).to(device)
+    if context is not None:
+        return context.localize(inputs, targets, dict(extra))
+    return inputs, targets, dict(extra)
+
+
 def forward_backward(
     model: nn.Module,
-    micro_batches: Sequence[MicroBatch],
+    micro_batches: Sequence[AnyMicroBatch],
     device: torch.device,
-    model_inputs: ModelInputs | None = None,
     loss_fn: LossFn = model_loss,
     context: ContextParallel | None = None,
 ) -> torch.Tensor:
-    """Forward and backward of every micro-batch; returns the sum of their losses. Under
-    ``context`` parallelism each runs on this rank's chunks of the windows."""
+    """Forward and backward of every micro-batch; returns the sum of their losses."""
     loss_sum = torch.zeros((), device=device)
-    for inputs, targets in micro_batches:
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
-        extra = model_inputs(inputs) if model_inputs is not None else {}
-        if context is not None:  # ids and positions above are the whole window's
-            inputs, targets, extra = context.localize(inputs, targets, extra)
+    for batch in micro_batches:
+        inputs, targets, extra = prepare_micro_batch(batch, device, context)
         loss = loss_fn(model, inputs, targets, extra)
         loss.backward()
         loss_sum += loss.detach()
@@ -67,11 +73,10 @@ def train_step(
     model: nn.Module,
     engine: ShardedEngine,
     optimizer: torch.optim.Optimizer,
-    micro_batches: Sequence[MicroBatch],
+    micro_batches: Sequence[AnyMicroBatch],
     *,
     grad_clip: float,
     guard: StepGuard | None = None,
-    model_inputs: ModelInputs | None = None,
     loss_fn: LossFn = model_loss,
     clock: StepClock | None = None,
     context: ContextParallel | None = None,
@@ -79,15 +84,15 @@ def train_step(
     """One optimizer step over this rank's micro-batches (see the module docstring).
 
     Without a guard every step is applied; with one, a non-finite step is not, and the
-    caller decides whether to stop or to skip it. ``model_inputs`` adds model arguments
-    per micro-batch (the loader's document ids and positions); ``loss_fn`` is the model's
+    caller decides whether to stop or to skip it. Each micro-batch carries its model inputs
+    (the loader's document ids and positions; ``prepare_micro_batch``); ``loss_fn`` is the model's
     own fused loss unless a comparison needs the plain one (``logits_loss``); ``clock``
     times the step's parts (``timing.StepClock``); ``context``: context parallelism
     (``context_parallel.split``), this rank's chunks of the micro-batches' windows."""
     engine.expect_micro_batches(len(micro_batches))  # hybrid: the last one starts the all-reduce
     clock = clock or NoClock()
     clock.phase("model")
-    loss_sum = forward_backward(model, micro_batches, engine.device, model_inputs, loss_fn, context)
+    loss_sum = forward_backward(model, micro_batches, engine.device, loss_fn, context)
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
     clock.phase("guard")
