@@ -1,6 +1,7 @@
 """The front page and the guides stay true: every relative link and #anchor in README.md and
-docs/*.md resolves (GitHub's heading slugs), every recipe key they name (``section.key`` in
-backticks) is in the schema, and every ``yatrain COMMAND`` they show is a command."""
+the pages under docs/ (the result files in its subfolders too) resolves (GitHub's heading
+slugs), every recipe key they name (``section.key`` in backticks) is in the schema, and every
+``yatrain COMMAND`` they show is a command."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from conftest import ROOT
 from yatrain.cli import app
 from yatrain.recipe.config import Recipe
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# docs/benchmarks/ holds dated result files the guides link to: checked like the guides.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -44,6 +46,16 @@ def anchors(page: Path) -> set[str]:
     return found
 
 
+def name(page: Path) -> str:
+    """A page as the failures name it: docs/benchmarks/X.md, not X.md alone."""
+    return str(page.relative_to(ROOT))
+
+
+def test_pages_include_the_subfolders():
+    assert ROOT / "README.md" in PAGES and ROOT / "docs" / "benchmarks.md" in PAGES
+    assert any(page.parent.name == "benchmarks" for page in PAGES)
+
+
 def test_slugs_follow_github():
     assert slug("Why is my run slow / stuck?") == "why-is-my-run-slow--stuck"
     assert slug("`yatrain plan`") == "yatrain-plan"
@@ -61,9 +73,9 @@ def test_every_relative_link_and_anchor_resolves():
             path, _, anchor = target.partition("#")
             where = (page.parent / path).resolve() if path else page
             if not where.exists():
-                broken.append(f"{page.name}: {target} (no such file)")
+                broken.append(f"{name(page)}: {target} (no such file)")
             elif anchor and (where.suffix != ".md" or anchor not in anchors(where)):
-                broken.append(f"{page.name}: {target} (no such heading)")
+                broken.append(f"{name(page)}: {target} (no such heading)")
     assert broken == []
 
 
@@ -102,7 +114,7 @@ def test_every_recipe_key_the_docs_name_exists():
                 continue  # a module named by its dotted path (train.compile, data.split)
             if _names_a_module_member(match.group(1)):
                 continue
-            unknown.append(f"{page.name}: `{code}`")
+            unknown.append(f"{name(page)}: `{code}`")
     assert checked > 100  # the guides name many keys: the pattern finds them
     assert unknown == []
 
@@ -127,7 +139,7 @@ def test_every_command_the_docs_show_exists():
             for command in COMMAND.findall(snippet):
                 shown.add(command)
                 if command not in commands:
-                    unknown.append(f"{page.name}: yatrain {command}")
+                    unknown.append(f"{name(page)}: yatrain {command}")
     assert shown >= {"pretrain", "prepare-data", "plan", "eval", "generate", "export", "sweep"}
     assert unknown == []
 
@@ -138,9 +150,9 @@ PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$|\.\.\.|\[")  # RECIPE, N, [--flag ...]
 
 
 def planner_commands() -> list[tuple[str, list[str]]]:
-    """Every ``yatrain plan`` and ``yatrain sweep --plan-only`` line of README.md and
-    docs/*.md, fenced or inline (a usage line with placeholders is skipped): (page, the
-    arguments after ``yatrain``)."""
+    """Every ``yatrain plan`` and ``yatrain sweep --plan-only`` line of the PAGES, fenced or
+    inline (a usage line with placeholders is skipped): (page, the arguments after
+    ``yatrain``)."""
     found = []
     for page in PAGES:
         text = page.read_text()
@@ -158,7 +170,7 @@ def planner_commands() -> list[tuple[str, list[str]]]:
             if words[1] == "sweep" and "--plan-only" not in words:
                 continue
             if not any(PLACEHOLDER.search(w) for w in words):
-                found.append((page.name, words[1:]))
+                found.append((name(page), words[1:]))
     return found
 
 
