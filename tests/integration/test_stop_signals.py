@@ -15,7 +15,7 @@ import pytest
 from conftest import FAST, ROOT
 from faults import at_step, inject
 from test_failures import pretrain_args, yatrain
-from test_launch_faults import _alive, _wait_for
+from test_launch_faults import LAUNCHER_NOISE, _alive, _wait_for
 
 from yatrain.errors import Interrupted
 from yatrain.output.record import read_metrics
@@ -104,3 +104,28 @@ def test_a_sigterm_to_one_rank_is_a_clean_stop_that_names_it(small_data, isolate
     assert lines[-1].startswith("yatrain: rank 1 of 2 stopped by SIGTERM at step 3;"), lines
     assert not [line for line in lines if "error" in line or "interrupted" in line], lines
     assert not list(tmp_path.glob("yatrain-ranks-*"))  # nothing failed: no logs kept
+
+
+def test_a_sigterm_to_the_launcher_reaches_the_ranks_which_save(small_data, isolated_env, tmp_path):
+    run = tmp_path / "run"
+    args = pretrain_args(small_data, run, "--steps", "5000", "--nproc-per-node", "2")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "yatrain", *args],
+        cwd=ROOT,
+        env=isolated_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        metrics, deadline = run / "metrics.jsonl", time.monotonic() + 180
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "yatrain: stopped by SIGTERM at step" in err and "checkpoint saved" in err, err[-3000:]
+    assert not any(noise in err for noise in LAUNCHER_NOISE), err[-3000:]
+    assert list((run / "checkpoints").glob("step-*"))

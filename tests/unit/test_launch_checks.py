@@ -89,7 +89,26 @@ def test_a_torchrun_id_never_makes_a_run_directory_outside_runs(monkeypatch, tmp
     assert default_run_dir("tiny", tmp_path / "runs") == tmp_path / "runs/tiny-job-7"
 
 
-def test_worker_args_drop_the_new_launch_flags():
+def test_worker_args_drop_the_launch_flags_and_keep_the_global_ones():
+    argv = [
+        "--debug",
+        "pretrain",
+        "r.yaml",
+        "--nproc-per-node",
+        "4",
+        "--nnodes=2",
+        "--rdzv-endpoint",
+        "h:1",
+        "--rdzv-id=j",
+        "--max-restarts",
+        "3",
+        "--steps",
+        "5",
+    ]
+    assert worker_args(argv) == ["--debug", "pretrain", "r.yaml", "--steps", "5"]
+
+
+def test_worker_args_drop_oversubscribe_and_the_rendezvous_timeout():
     argv = ["pretrain", "r.yaml", "--oversubscribe", "--rdzv-timeout", "5", "--rdzv-timeout=6"]
     assert worker_args([*argv, "--steps", "5"]) == ["pretrain", "r.yaml", "--steps", "5"]
 
