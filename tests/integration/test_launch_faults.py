@@ -1,6 +1,7 @@
-"""Issue 34: the launcher (``yatrain pretrain --nproc-per-node``) is bounded, never silent,
-never orphaned, and blames the right rank. Flag and rendezvous errors run the command in
-this process (no rank starts); the faults run real ranks with a fault injected."""
+"""The launcher (``yatrain pretrain --nproc-per-node``) is bounded, never silent, never
+orphaned, and blames the right rank: a failed rank is a two-line summary, a launch that
+works prints nothing of its own. Flag and rendezvous errors run the command in this process
+(no rank starts); the faults run real ranks with a fault injected."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue 34: the launcher's flags are bounded and checked before anything starts, and its
-summary blames the rank that failed first (pure functions; no ranks, no subprocess)."""
+"""The launcher's flags are bounded and checked before anything starts, the ranks get the
+command without them, and its summary blames the rank that failed first (pure functions;
+no ranks, no subprocess)."""
 
 from __future__ import annotations
 
@@ -126,8 +127,8 @@ LOST = {"message": "lost contact with another rank at step 20 (...)", "follows_a
 
 
 def test_a_rank_killed_by_a_signal_failed_before_those_that_lost_it(tmp_path):
-    """Issue 34: rank 1 killed with SIGKILL at step 20 was reported as "rank 0 of 2 failed
-    (exit code 2)" (rank 0 lost contact with it), with exit code 2 rather than 137."""
+    """Rank 1 killed with SIGKILL at step 20 was reported as "rank 0 of 2 failed (exit
+    code 2)" (rank 0 lost contact with it), with exit code 2 rather than 137."""
     failures = {0: _failure(tmp_path, 100, 2, LOST), 1: _failure(tmp_path, 101, -9)}
     lines, code = summary(failures, 2, tmp_path, stopped=set())
     assert lines[0].startswith("yatrain: error: rank 1 of 2 failed (killed by SIGKILL): ")
@@ -152,8 +153,8 @@ def test_ranks_the_launcher_stopped_are_never_blamed_first(tmp_path):
 
 
 def test_a_watchdog_exit_says_what_the_hang_report_says(tmp_path):
-    """Issue 34: a rank ended by its watchdog (its peer SIGSTOPped) wrote no error file and
-    the summary showed torch's "To enable traceback see"."""
+    """A rank ended by its watchdog (its peer SIGSTOPped) wrote no error file and the
+    summary showed torch's "To enable traceback see"."""
     stuck = {
         "message": "step 3 has made no progress for 2 s (...) (the hang report, RUN/hang/"
         "report.txt, says: rank 1 sent nothing (dead, or cannot run Python)); stopping",
