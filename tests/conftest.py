@@ -29,7 +29,7 @@ FAST = [
 
 # How far the memory planner may be from the live-tensor count of real engine steps
 # (relative). The planner's worst case in tests/integration/test_plan.py is 2.9% (world 2, fp32, all
-# layers checkpointed; the measurement is deterministic; 6.2% before issue 12's per-moment
+# layers checkpointed; the measurement is deterministic; 6.2% before the per-moment
 # gradient shards): 7% leaves a margin for other torch versions, and a 25% cut to the
 # per-layer SwiGLU activation term (step peak 7.3-12.1% off) still fails. Tests that
 # compare the planner with a measurement use this one constant.

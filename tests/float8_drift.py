@@ -1,5 +1,5 @@
 """How far float8 runs that differ only in summation order drift apart: the measurement
-behind tests/integration/test_float8_run.py's bounds (issue 32).
+behind tests/integration/test_float8_run.py's bounds.
 
     .venv/bin/python tests/float8_drift.py 30     # seeds 0-29, about 10 s each
     .venv/bin/python tests/float8_drift.py 12 two-ranks   # test_float8.py's case

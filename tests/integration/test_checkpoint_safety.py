@@ -1,6 +1,6 @@
 """Checkpoints that cannot hurt: hostile metadata refused, manifests checked against their
 schema, checksums at every size, keep-K counting good checkpoints only, no non-finite state
-saved, a full disk handled. Each test is a reproduction from issue 16."""
+saved, a full disk handled."""
 
 from __future__ import annotations
 
@@ -227,8 +227,8 @@ def test_each_rank_hashes_its_own_files_and_every_file_is_checked(small_data, tm
 
 
 def test_keep_counts_good_checkpoints_only(small_data, tmp_path, reference, capfd):
-    """The probe: truncate the newest shard and resume. The run falls back to step-4; the
-    truncated step-6 is moved aside, never kept as the newest nor a reason to delete."""
+    """Truncate the newest shard and resume: the run falls back to step-4; the truncated
+    step-6 is moved aside, never kept as the newest nor a reason to delete."""
     run_dir = tmp_path / "run"
     train(small_data, run_dir, 6, "checkpoint.keep=2")
     root = run_dir / "checkpoints"

@@ -1,6 +1,6 @@
 """The command line answers at once: ``--help``, a mistyped command or a bad flag import no
 torch (checked by the modules a real ``python -m yatrain`` holds when it exits, not by time),
-while a command that runs still points inductor's cache away first (issue 32)."""
+while a command that runs still points inductor's cache away first."""
 
 from __future__ import annotations
 

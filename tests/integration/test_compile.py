@@ -29,11 +29,11 @@ from yatrain.train.loop import pretrain
 from yatrain.train.setup import Checks
 from yatrain.train.step import train_step
 
-# Relative distance allowed between compiled and eager losses and gradient norms over 20 steps
-# (the bound). aot_eager runs the eager kernels: measured 0.0. Inductor fuses and
-# reorders fp32 arithmetic: measured over these 20 steps (accumulation, one checkpointed
-# layer, clipping) 2.2e-6 (loss) and 5.0e-6 (gradient norm) at world size 1, 1.2e-6 and
-# 2.9e-6 at world size 2; test_inductor_matches_eager checks 3 steps to keep CI short.
+# Relative distance allowed between compiled and eager losses and gradient norms over 20
+# steps. aot_eager runs the eager kernels: measured 0.0. Inductor fuses and reorders fp32
+# arithmetic: measured over these 20 steps (accumulation, one checkpointed layer, clipping)
+# 2.2e-6 (loss) and 5.0e-6 (gradient norm) at world size 1, 1.2e-6 and 2.9e-6 at world size
+# 2; test_inductor_matches_eager checks 3 steps to keep CI short.
 COMPILE_TOLERANCE = 1e-4
 
 

@@ -1,4 +1,4 @@
-"""Inductor's cache is code (issue 32): never read from a run directory, private by default,
+"""Inductor's cache is code: never read from a run directory, private by default,
 shared only through ``train.compile_cache``, and in place before torch is imported."""
 
 from __future__ import annotations

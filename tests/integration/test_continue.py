@@ -1,4 +1,4 @@
-"""Continued pretraining from published weights (issue 24): a Llama 3.1-style model (rotary
+"""Continued pretraining from published weights: a Llama 3.1-style model (rotary
 scaling) and a tied Llama 3.2-style one, built by transformers itself in fp32, go through
 ``train.init_from``, train a few steps, are exported, and transformers agrees on the logits
 at positions beyond ``original_max_position_embeddings``."""

@@ -1,5 +1,8 @@
-"""Every failure is one line and a non-zero exit: the probe's reproductions from issue 16, run
-as a user runs them (real subprocesses, torchrun for the multi-rank ones)."""
+"""Every failure is one line and a non-zero exit, run as a user runs it (real subprocesses,
+torchrun for the multi-rank ones): absurd shapes and recipes too big for the machine, recipes
+that are not UTF-8 or nested too deep, names too long, a run directory that is a file, in use
+or not a run (a restart keeps the old config), an export onto a file, token ids outside the
+vocabulary, a full disk, a lost or hung peer."""
 
 from __future__ import annotations
 
@@ -98,6 +101,58 @@ def test_run_dir_that_is_a_file_is_refused_before_the_model_is_built(
     run_dir = tmp_path / "file"
     run_dir.write_text("not a directory")
     one_line_error(yatrain(*pretrain_args(small_data, run_dir), env=isolated_env), "is a file")
+
+
+def test_a_run_dir_that_is_not_a_run_is_refused_and_a_restart_keeps_the_old_config(
+    small_data, isolated_env, tmp_path
+):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("my own file\n")
+    one_line_error(
+        yatrain(*pretrain_args(small_data, mine, "--steps", "1"), env=isolated_env),
+        "is not a yatrain run directory",
+    )
+    assert [p.name for p in mine.iterdir()] == ["config.yaml"]
+    assert (mine / "config.yaml").read_text() == "my own file\n"
+    run = tmp_path / "run"
+    assert (
+        yatrain(*pretrain_args(small_data, run, "--steps", "2"), env=isolated_env).returncode == 0
+    )
+    before = (run / "config.yaml").read_text()
+    restart = pretrain_args(small_data, run, "--steps", "4", "--set=train.log_every=2")
+    result = yatrain(*restart, env=isolated_env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (run / "config-before-restart-1.yaml").read_text() == before
+    assert "log_every: 2" in (run / "config.yaml").read_text()
+
+
+def _long(tmp_path: Path) -> str:
+    return str(tmp_path / ("x" * 300))
+
+
+def test_recipes_not_utf8_or_nested_too_deep_and_names_too_long_are_one_line(
+    small_data, isolated_env, tmp_path
+):
+    latin1 = tmp_path / "recipe.yaml"
+    latin1.write_bytes("model:\n  dim: 64  # d\xe9faut\n".encode("latin-1"))
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("model:\n  dim: " + "[" * 5000 + "]" * 5000 + "\n")
+    nested = "model.dim=" + "[" * 5000 + "]" * 5000
+    for args, needle in [
+        (["pretrain", str(latin1)], "is not UTF-8 text"),
+        (["plan", str(latin1), "--gpus", "1"], "is not UTF-8 text"),
+        (["sweep", str(latin1), "--seq-len", "64"], "is not UTF-8 text"),
+        (["plan", str(deep), "--gpus", "1"], "nested too deeply"),
+        (["plan", "recipes/tiny.yaml", "--gpus", "1", "--set", nested], "nested too deeply"),
+        (
+            pretrain_args(small_data, tmp_path / "r", f"--set=data.path={_long(tmp_path)}"),
+            "File name too long",
+        ),
+        (pretrain_args(small_data, Path(_long(tmp_path))), "File name too long"),
+        (["prepare-data", "--output", _long(tmp_path), "--vocab-size", "64"], "File name too long"),
+    ]:
+        one_line_error(yatrain(*args, env=isolated_env), needle)
 
 
 def test_export_to_a_file_and_init_from_without_safetensors(small_data, isolated_env, tmp_path):

@@ -1,5 +1,5 @@
 """Hugging Face weights in: what we can honour is checked against transformers, what we
-cannot (rotary scaling, biases) is refused in one line, never loaded wrongly (issue 16)."""
+cannot (rotary scaling, biases) is refused in one line, never loaded wrongly."""
 
 from __future__ import annotations
 

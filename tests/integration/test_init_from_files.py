@@ -1,4 +1,4 @@
-"""``train.init_from`` a Hugging Face directory whose files are malformed or crafted (issue 32):
+"""``train.init_from`` a Hugging Face directory whose files are malformed or crafted:
 every one is refused in one line naming the file and the field, before a wrong weight loads."""
 
 from __future__ import annotations

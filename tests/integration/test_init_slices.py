@@ -1,5 +1,5 @@
 """``train.init_from`` a Hugging Face directory: each rank reads only its own slice of each
-tensor (plus the norms), and builds exactly the shards a one-rank load builds (issue 24)."""
+tensor (plus the norms), and builds exactly the shards a one-rank load builds."""
 
 from __future__ import annotations
 

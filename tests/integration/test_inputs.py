@@ -1,5 +1,6 @@
-"""Input formats and compressions, content-based text detection, bad records, and parallel
-tokenization that gives the same bytes for any number of workers."""
+"""Input formats and compressions (a name that lies about its compression is one line),
+content-based text detection, bad records, empty documents dropped and counted, and parallel
+tokenization that gives the same bytes for any number of workers, bounded by the CPUs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from test_failures import one_line_error, yatrain
 from tokenizer_fixtures import sample_texts
 
 from yatrain.data import (
@@ -25,6 +27,7 @@ from yatrain.data import (
     train_tokenizer,
 )
 from yatrain.data import parallel as par
+from yatrain.data.parallel import default_workers
 from yatrain.errors import DataError
 
 TEXTS = sample_texts(12, seed=7)
@@ -257,3 +260,51 @@ def test_cli_bad_record_is_one_line(model, tmp_path, isolated_env):
     )
     assert done.returncode == 0, done.stderr
     assert "1 bad records skipped" in done.stdout
+
+
+def _prepare(out: Path, *args: str) -> list[str]:
+    return ["prepare-data", "--output", str(out), "--no-progress", *args]
+
+
+def test_prepare_data_workers_are_bounded_by_the_cpus(small_data, isolated_env, tmp_path):
+    tokenizer, work = str(small_data / "tokenizer.model"), tmp_path / "work"
+    work.mkdir()
+    for workers in ("10000", "0"):
+        out = work / f"out-{workers}"
+        result = yatrain(
+            *_prepare(out, "--tokenizer", tokenizer, "--workers", workers), env=isolated_env
+        )
+        one_line_error(result, f"--workers {workers}: pass 1 to {default_workers()}")
+        assert list(work.iterdir()) == []
+
+
+def test_a_name_that_lies_about_compression_is_one_line(small_data, isolated_env, tmp_path):
+    plain = tmp_path / "docs.jsonl.gz"
+    plain.write_text(json.dumps({"text": "hello world"}) + "\n")
+    args = _prepare(tmp_path / "out", "--input", str(plain), "--vocab-size", "64")
+    one_line_error(yatrain(*args, env=isolated_env), "is named .gz but is not gzip-compressed")
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_documents_are_dropped_and_counted(small_data, isolated_env, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    texts = ["a first document", "   ", "a second one", "\n\t\n", "the third"] * 40
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "out"
+    args = _prepare(
+        out,
+        "--input",
+        str(docs),
+        "--tokenizer",
+        str(small_data / "tokenizer.model"),
+        "--val-fraction",
+        "0",
+        "--workers",
+        "1",
+    )
+    result = yatrain(*args, env=isolated_env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["num_documents"] == 120 and manifest["empty_documents"] == 80
+    assert "80 empty documents dropped" in result.stdout
+    assert "dropped 80 empty (whitespace-only) document(s)" in result.stderr

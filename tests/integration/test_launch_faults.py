@@ -1,6 +1,7 @@
-"""Issue 34: the launcher (``yatrain pretrain --nproc-per-node``) is bounded, never silent,
-never orphaned, and blames the right rank. Flag and rendezvous errors run the command in
-this process (no rank starts); the faults run real ranks with a fault injected."""
+"""The launcher (``yatrain pretrain --nproc-per-node``) is bounded, never silent, never
+orphaned, and blames the right rank: a failed rank is a two-line summary, a launch that
+works prints nothing of its own. Flag and rendezvous errors run the command in this process
+(no rank starts); the faults run real ranks with a fault injected."""
 
 from __future__ import annotations
 
@@ -182,6 +183,49 @@ def _wait_for(ready, process: subprocess.Popen, seconds: float = 120) -> None:
         assert process.poll() is None, process.communicate()[1].decode()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+BAD_SHARD = (
+    'from yatrain.errors import DataError; raise DataError("tokens-00003.bin is unreadable")'
+)
+LAUNCHER_NOISE = ("Traceback", "ChildFailedError", "torch.distributed", "elastic", "[default")
+
+
+def test_a_failed_rank_is_a_two_line_summary(small_data, isolated_env, tmp_path):
+    """Rank 2 of 4 fails at its first step: the run's two start-up lines, rank 0's line (it
+    lost contact), the launcher's two: five lines in all."""
+    env = inject(isolated_env, tmp_path / "inject", at_step(rank=2, step=1, action=BAD_SHARD))
+    env["TMPDIR"] = str(tmp_path)
+    args = pretrain_args(
+        small_data,
+        tmp_path / "run",
+        "--steps",
+        "20",
+        "--nproc-per-node",
+        "4",
+        "--set=data.global_batch_size=8",
+    )
+    result = yatrain(*args, env=env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = (result.stdout + result.stderr).splitlines()
+    assert len(lines) <= 5, "\n".join(lines)
+    assert not any(noise in line for line in lines for noise in LAUNCHER_NOISE), lines
+    summary = [line for line in lines if line.startswith("yatrain: error: ")]
+    assert (
+        summary[0]
+        == "yatrain: error: rank 2 of 4 failed (exit code 2): tokens-00003.bin is unreadable"
+    )
+    assert "stopped after it" in summary[1] and "logs are in" in summary[1]
+
+
+def test_a_successful_launch_prints_nothing_of_its_own(small_data, isolated_env, tmp_path):
+    env = {**isolated_env, "TMPDIR": str(tmp_path)}
+    args = pretrain_args(small_data, tmp_path / "run", "--steps", "3", "--nproc-per-node", "2")
+    result = yatrain(*args, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (result.stdout + result.stderr).splitlines()
+    assert not any(noise in line for line in lines for noise in LAUNCHER_NOISE), lines
+    assert "world size 2" in result.stderr and not list(tmp_path.glob("yatrain-ranks-*"))
 
 
 FAULT_SETS = ["--set=data.global_batch_size=8", "--set=train.collective_timeout_s=2"]

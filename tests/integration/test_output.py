@@ -1,5 +1,6 @@
-"""Quiet and honest output: no warnings in a normal run, strict JSON, W&B that never blocks,
-and a sweep whose measured memory is the planner's kind of memory (issue 16)."""
+"""Quiet and honest output: no warnings in a normal run and no library noise in a profiled
+one, out-of-range flags as one line, strict JSON, W&B that never blocks, and a sweep whose
+measured memory is the planner's kind of memory."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 from conftest import FAST, ROOT
-from test_failures import pretrain_args, yatrain
+from test_failures import one_line_error, pretrain_args, yatrain
 
 from yatrain.output import wandb_logger
 from yatrain.output.record import read_metrics
@@ -63,6 +64,47 @@ def test_metrics_file_is_strict_json(small_data, tmp_path, monkeypatch):
     assert records[1]["skipped_steps"] == 1
     back = read_metrics(tmp_path / "run/metrics.jsonl")
     assert back[1].grad_norm != back[1].grad_norm  # null reads back as NaN
+
+
+def _strict(text: str) -> object:
+    def refuse(name: str):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_quiet_runs_out_of_range_flags_as_one_line_and_strict_plan_json(
+    small_data, isolated_env, tmp_path
+):
+    env = {k: v for k, v in isolated_env.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+    run = pretrain_args(
+        small_data,
+        tmp_path / "run",
+        "--steps",
+        "4",
+        "--set=train.profile=1",
+        "--set=logging.wandb.mode=offline",
+    )
+    result = yatrain(*run, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    noise = [line for line in lines if line.startswith(("USDT", "[W", "20")) or " INFO " in line]
+    assert noise == [], noise
+    ckpt = str(tmp_path / "nowhere")
+    for args, needle in [
+        (["generate", ckpt, "--prompt", "a", "--top-k", "0"], "--top-k"),
+        (["generate", ckpt, "--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["generate", ckpt, "--prompt", "a", "--temperature", "-1"], "--temperature"),
+        (["generate", ckpt, "--prompt", "a", "--temperature", "inf"], "finite"),
+        (["eval", ckpt, "--batches", "0"], "--batches"),
+        (
+            ["plan", "recipes/tiny.yaml", "--gpus", "1", "--shard-group-size", "auto"],
+            "pass --shard-group-size N",
+        ),
+    ]:
+        one_line_error(yatrain(*args, env=isolated_env), needle)
+    planned = yatrain("plan", "recipes/tiny.yaml", "--gpus", "2", "--json", env=isolated_env)
+    assert planned.returncode == 0 and isinstance(_strict(planned.stdout), dict)
 
 
 def test_wandb_auto_with_a_key_and_no_network_goes_offline_in_seconds(

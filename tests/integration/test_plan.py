@@ -125,7 +125,7 @@ def test_auto_picks_more_layers_as_sequences_grow():
     assert short.activation_checkpoint_layers == 0 and short.fits
 
 
-def test_on_paper_targets_of_issue_12():
+def test_on_paper_the_yafsdp_setups_need_fewer_checkpointed_layers_than_yafsdp():
     """80 GB GPUs, one sequence per GPU, bf16 weights, fp32 reduce (the YaFSDP setup)."""
 
     def plan(name, gpus, seq):

@@ -1,6 +1,6 @@
 """The planner under context parallelism: its figures for Llama 3.1 8B at long sequences
-(the issue's targets), the smallest CP it names, and its prediction against the live-tensor
-peak of real CP steps (2 fork-started gloo ranks sharing each window)."""
+(docs/long_context.md's targets), the smallest CP it names, and its prediction against the
+live-tensor peak of real CP steps (2 fork-started gloo ranks sharing each window)."""
 
 from __future__ import annotations
 

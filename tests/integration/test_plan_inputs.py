@@ -1,4 +1,4 @@
-"""The planner and the sweep against hostile and careless inputs (issue 43): a recipe that
+"""The planner and the sweep against hostile and careless inputs: a recipe that
 already runs context parallel, absurd GPU counts and memories, digits ``int`` cannot read,
 huge worlds; each answer is a plan or one line, at once."""
 

@@ -1,4 +1,4 @@
-"""optim.schedule: cosine (the default, unchanged), wsd and constant (issue 24)."""
+"""optim.schedule: cosine (the default, unchanged), wsd and constant."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Issue 43: a stop does what it says. A signal during a save stops the run at that save
-(not one step later); a sweep's configurations end with the sweep; a rank stopped alone is
-named."""
+"""A stop does what it says. A signal during a save stops the run at that save (not one
+step later); a SIGTERM to the launcher reaches the ranks, which save; a sweep's
+configurations end with the sweep; a rank stopped alone is named; a signal to prepare-data
+ends its workers and leaves no temporary directory behind."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 from conftest import FAST, ROOT
 from faults import at_step, inject
 from test_failures import pretrain_args, yatrain
-from test_launch_faults import _alive, _wait_for
+from test_inputs import _prepare
+from test_launch_faults import LAUNCHER_NOISE, _alive, _wait_for
 
+from yatrain.data.parallel import default_workers
 from yatrain.errors import Interrupted
 from yatrain.output.record import read_metrics
 from yatrain.recipe.load import load_recipe
@@ -104,3 +107,76 @@ def test_a_sigterm_to_one_rank_is_a_clean_stop_that_names_it(small_data, isolate
     assert lines[-1].startswith("yatrain: rank 1 of 2 stopped by SIGTERM at step 3;"), lines
     assert not [line for line in lines if "error" in line or "interrupted" in line], lines
     assert not list(tmp_path.glob("yatrain-ranks-*"))  # nothing failed: no logs kept
+
+
+def test_a_sigterm_to_the_launcher_reaches_the_ranks_which_save(small_data, isolated_env, tmp_path):
+    run = tmp_path / "run"
+    args = pretrain_args(small_data, run, "--steps", "5000", "--nproc-per-node", "2")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "yatrain", *args],
+        cwd=ROOT,
+        env=isolated_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        metrics, deadline = run / "metrics.jsonl", time.monotonic() + 180
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "yatrain: stopped by SIGTERM at step" in err and "checkpoint saved" in err, err[-3000:]
+    assert not any(noise in err for noise in LAUNCHER_NOISE), err[-3000:]
+    assert list((run / "checkpoints").glob("step-*"))
+
+
+def _default_sigint() -> None:
+    """A job started in the background by a non-interactive shell (nohup, ``cmd &``) has
+    SIGINT ignored, and its children inherit that: give prepare-data a real Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(default_workers() < 2, reason="needs two CPUs for two workers")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_prepare_data_ends_its_workers_and_removes_its_temporary_directory(
+    small_data, isolated_env, tmp_path, signum
+):
+    work = tmp_path / "work"
+    out = work / "out"
+    (work / ".tmp-out-stale").mkdir(parents=True)  # a killed run's: its lock is free
+    (work / ".tmp-out-stale" / ".prepare.lock").touch()
+    (work / ".tmp-out-old").mkdir()  # no lock: named, not removed
+    args = _prepare(out, "--tokenizer", str(small_data / "tokenizer.model"), "--workers", "2")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "yatrain", *args],
+        cwd=ROOT,
+        env=isolated_env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := _children(process.pid)) < 2:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # tokenizing
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("yatrain:")]
+    assert len(lines) == 1 and "prepare-data stopped; nothing was written" in lines[0], err
+    assert "removed " in err and ".tmp-out-stale" in err and ".tmp-out-old" in err
+    assert sorted(p.name for p in work.iterdir()) == [".tmp-out-old"]
+    for _ in range(100):  # terminated and reaped by the parent before it exited
+        if not any(_alive(pid) for pid in workers):
+            break
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers)

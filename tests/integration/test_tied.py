@@ -1,5 +1,5 @@
 """Tied embeddings (Llama 3.2): one weight serves the embedding and the output head, in the
-model and in the engine, which trains it exactly like a plain tied model (issue 24)."""
+model and in the engine, which trains it exactly like a plain tied model."""
 
 from __future__ import annotations
 

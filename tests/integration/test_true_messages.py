@@ -1,10 +1,12 @@
 """Messages that say what happened: Ctrl-C named as Ctrl-C, a signal announced at once,
 TensorBoard trimmed on resume like ``metrics.jsonl``, lines never glued to the progress
-bar, a contradictory ``config.json`` refused, a deleted run directory one error line."""
+bar, a contradictory ``config.json`` refused, a deleted run directory one error line, and
+the advice an error gives works as given (a failed start leaves no run directory behind)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -14,6 +16,7 @@ import sys
 import pytest
 import torch
 from conftest import FAST, ROOT
+from test_failures import one_line_error, pretrain_args, yatrain
 
 from yatrain.data.loader import GlobalBatchLoader
 from yatrain.errors import ConfigError, TrainingError
@@ -118,3 +121,40 @@ def test_deleting_the_run_directory_mid_run_stops_with_one_line(small_data, tmp_
     with pytest.raises(TrainingError, match=f"the run directory {run_dir} was deleted"):
         pretrain(recipe, run_dir=run_dir, steps=5, progress=False)
     assert not run_dir.exists()  # no directory made again that no run owns
+
+
+def test_advice_in_an_error_works_and_a_failed_start_leaves_no_run_directory(
+    small_data, isolated_env, tmp_path
+):
+    """--resume of a run directory says how to continue it; a failed start leaves no run
+    directory holding only its lock."""
+    run = tmp_path / "run"
+    assert (
+        yatrain(*pretrain_args(small_data, run, "--steps", "2"), env=isolated_env).returncode == 0
+    )
+    line = one_line_error(
+        yatrain(
+            *pretrain_args(small_data, tmp_path / "new", "--resume", str(run)), env=isolated_env
+        ),
+        "is a run directory, not a checkpoint",
+        f"--run-dir {run} --resume auto",
+    )
+    assert str(run / "checkpoints" / "step-2") in line
+    hf = tmp_path / "hf"
+    step = str(run / "checkpoints" / "step-2")
+    assert yatrain("export", step, "--output", str(hf), env=isolated_env).returncode == 0
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    (hf / "model.safetensors").rename(tmp_path / "outside.safetensors")
+    index["weight_map"] = dict.fromkeys(index["weight_map"], "../outside.safetensors")
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+    bad_init = pretrain_args(small_data, tmp_path / "failed", f"--set=train.init_from={hf}")
+    one_line_error(yatrain(*bad_init, env=isolated_env), "not a file name inside")
+    assert not (tmp_path / "failed").exists()  # no run directory holding only its lock
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "docs.jsonl").write_text('{"text": "hello"}\n')
+    args = pretrain_args(
+        small_data, tmp_path / "v", f"--set=data.val_path={raw}", "--set=eval.every=1"
+    )
+    line = one_line_error(yatrain(*args, env=isolated_env), "is not tokenized data")
+    assert f"--input {raw} --output {tmp_path / 'raw-tokenized'}" in line

@@ -12,7 +12,7 @@ norms and weights must be those of the same run on the normal CPU path.
 
 Removing any one ``wait_event`` of the CUDA path, or letting the reducer release autograd's
 gradient before the communication stream's reduction of it is done, makes this test fail
-(checked by mutation in issue 21).
+(checked by mutation: scripts/check_stream_mutations.sh).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Issue 34: the launcher's flags are bounded and checked before anything starts, and its
-summary blames the rank that failed first (pure functions; no ranks, no subprocess)."""
+"""The launcher's flags are bounded and checked before anything starts, the ranks get the
+command without them, and its summary blames the rank that failed first (pure functions;
+no ranks, no subprocess)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,26 @@ def test_a_torchrun_id_never_makes_a_run_directory_outside_runs(monkeypatch, tmp
     assert default_run_dir("tiny", tmp_path / "runs") == tmp_path / "runs/tiny-job-7"
 
 
-def test_worker_args_drop_the_new_launch_flags():
+def test_worker_args_drop_the_launch_flags_and_keep_the_global_ones():
+    argv = [
+        "--debug",
+        "pretrain",
+        "r.yaml",
+        "--nproc-per-node",
+        "4",
+        "--nnodes=2",
+        "--rdzv-endpoint",
+        "h:1",
+        "--rdzv-id=j",
+        "--max-restarts",
+        "3",
+        "--steps",
+        "5",
+    ]
+    assert worker_args(argv) == ["--debug", "pretrain", "r.yaml", "--steps", "5"]
+
+
+def test_worker_args_drop_oversubscribe_and_the_rendezvous_timeout():
     argv = ["pretrain", "r.yaml", "--oversubscribe", "--rdzv-timeout", "5", "--rdzv-timeout=6"]
     assert worker_args([*argv, "--steps", "5"]) == ["pretrain", "r.yaml", "--steps", "5"]
 
@@ -107,8 +127,8 @@ LOST = {"message": "lost contact with another rank at step 20 (...)", "follows_a
 
 
 def test_a_rank_killed_by_a_signal_failed_before_those_that_lost_it(tmp_path):
-    """Issue 34: rank 1 killed with SIGKILL at step 20 was reported as "rank 0 of 2 failed
-    (exit code 2)" (rank 0 lost contact with it), with exit code 2 rather than 137."""
+    """Rank 1 killed with SIGKILL at step 20 was reported as "rank 0 of 2 failed (exit
+    code 2)" (rank 0 lost contact with it), with exit code 2 rather than 137."""
     failures = {0: _failure(tmp_path, 100, 2, LOST), 1: _failure(tmp_path, 101, -9)}
     lines, code = summary(failures, 2, tmp_path, stopped=set())
     assert lines[0].startswith("yatrain: error: rank 1 of 2 failed (killed by SIGKILL): ")
@@ -133,8 +153,8 @@ def test_ranks_the_launcher_stopped_are_never_blamed_first(tmp_path):
 
 
 def test_a_watchdog_exit_says_what_the_hang_report_says(tmp_path):
-    """Issue 34: a rank ended by its watchdog (its peer SIGSTOPped) wrote no error file and
-    the summary showed torch's "To enable traceback see"."""
+    """A rank ended by its watchdog (its peer SIGSTOPped) wrote no error file and the
+    summary showed torch's "To enable traceback see"."""
     stuck = {
         "message": "step 3 has made no progress for 2 s (...) (the hang report, RUN/hang/"
         "report.txt, says: rank 1 sent nothing (dead, or cannot run Python)); stopping",

@@ -1,4 +1,4 @@
-"""Issue 43: a symbolic link planted at a file yatrain writes in a run directory is never
+"""A symbolic link planted at a file yatrain writes in a run directory is never
 written through (the file it points to is left as it was), while a run directory reached
 through a linked path works; a refused ``checkpoint.dir`` is left exactly as it was."""
 

@@ -54,7 +54,7 @@ def test_llama3_70b_on_256_gpus_fits_in_8_gib_of_buffers():
 
 
 def test_the_staging_budget_trades_pieces_for_memory_at_llama3_70b():
-    """The issue's arithmetic: one piece a unit needs 11.0 GiB of buffers, five 7.9 GiB,
+    """By hand: one piece a unit needs 11.0 GiB of buffers, five 7.9 GiB,
     eight 7.6 GiB (a budget that fits 1/n of the embedding's gradient in fp32)."""
     for n, gib in ((1, 11.0), (5, 7.9), (8, 7.6)):
         budget = -(-EDGE_70B // 256 // n) * 256 * 4

@@ -1,5 +1,6 @@
 """Each tokenizer kind: detection, round trip, BOS/EOS, specials never injected from text,
-vocabulary checks, Meta's reference encoding for Llama 3, and Hugging Face export."""
+vocabulary checks, Meta's split pattern and reference encoding for Llama 3, and Hugging
+Face export."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 
 import numpy as np
 import pytest
+import regex
 import tiktoken
 from tokenizer_fixtures import META_PATTERN, sample_texts, write_hf, write_tiktoken
 from tokenizers import Tokenizer as HFBackend
@@ -23,7 +25,7 @@ from yatrain.data import (
 )
 from yatrain.data.tokenizer_export import tiktoken_to_hf, write_hf_tokenizer
 from yatrain.data.tokenizer_formats import detect_kind
-from yatrain.data.tokenizer_tiktoken import special_tokens, split_for_encoding
+from yatrain.data.tokenizer_tiktoken import PATTERN, special_tokens, split_for_encoding
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe.checks import check_vocab
 from yatrain.recipe.load import load_recipe
@@ -158,6 +160,23 @@ def test_long_run_cuts_match_meta_on_random_text():
             parts.append(kind * rng.choice([1, 7, 12_499, 12_501, 24_999, 25_001, 40_000]))
         text = "".join(parts)
         assert list(split_for_encoding(text)) == list(_meta_split(text, 25_000))
+
+
+SPLITS = {
+    "'tis": ["'t", "is"],
+    "it'sgood": ["it", "'s", "good"],
+    "We'LL see": ["We", "'LL", " see"],
+    "1234567 89": ["123", "456", "7", " ", "89"],
+    "a   b": ["a", "  ", " b"],
+    "x\n\n  y": ["x", "\n\n", " ", " y"],
+    "end.  ": ["end", ".", "  "],
+}
+
+
+def test_the_llama3_split_pattern_is_metas():
+    assert PATTERN == META_PATTERN
+    for text, pieces in SPLITS.items():
+        assert regex.findall(PATTERN, text) == pieces, text
 
 
 def test_tiktoken_read_from_local_file_only(tiktoken_path, tmp_path, monkeypatch):
