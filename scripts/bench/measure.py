@@ -78,7 +78,7 @@ def reset_hwm() -> bool:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub-markdown table (pastes straight into docs/benchmarks.md)."""
+    """A GitHub-markdown table (pastes straight into a result file under docs/benchmarks/)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 

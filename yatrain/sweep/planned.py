@@ -82,7 +82,7 @@ def plan_rows(
 
 
 def format_plan_table(rows: list[dict], gpus: int, source: str) -> str:
-    """The plan-only sweep as a markdown table (docs/planner.md pastes it)."""
+    """The plan-only sweep as a markdown table (docs/sweep.md pastes it)."""
     lines = [
         f"planner only, {gpus} GPUs ({source}); peak per GPU with the runtime allowance",
         "",
