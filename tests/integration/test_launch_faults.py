@@ -45,7 +45,7 @@ def one_line(code: int, lines: list[str], tmp_path: Path, *needles: str) -> str:
     errors = [line for line in lines if line.startswith("yatrain: error")]
     assert code == 2 and len(errors) == 1, lines
     assert not any("Traceback" in line or "frame #" in line for line in lines), lines
-    assert not list(tmp_path.glob("yatrain-ranks-*")) and not (tmp_path / "runs").exists()
+    assert not list(tmp_path.rglob("yatrain-ranks-*")) and not (tmp_path / "runs").exists()
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
@@ -195,7 +195,7 @@ def test_a_failed_rank_is_a_two_line_summary(small_data, isolated_env, tmp_path)
     """Rank 2 of 4 fails at its first step: the run's two start-up lines, rank 0's line (it
     lost contact), the launcher's two: five lines in all."""
     env = inject(isolated_env, tmp_path / "inject", at_step(rank=2, step=1, action=BAD_SHARD))
-    env["TMPDIR"] = str(tmp_path)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the rank logs go to its private tmp
     args = pretrain_args(
         small_data,
         tmp_path / "run",
@@ -216,16 +216,18 @@ def test_a_failed_rank_is_a_two_line_summary(small_data, isolated_env, tmp_path)
         == "yatrain: error: rank 2 of 4 failed (exit code 2): tokens-00003.bin is unreadable"
     )
     assert "stopped after it" in summary[1] and "logs are in" in summary[1]
+    kept = list(tmp_path.rglob("yatrain-ranks-*"))  # where the checks below look
+    assert len(kept) == 1 and str(kept[0]) in summary[1]
 
 
 def test_a_successful_launch_prints_nothing_of_its_own(small_data, isolated_env, tmp_path):
-    env = {**isolated_env, "TMPDIR": str(tmp_path)}
+    env = {**isolated_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     args = pretrain_args(small_data, tmp_path / "run", "--steps", "3", "--nproc-per-node", "2")
     result = yatrain(*args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (result.stdout + result.stderr).splitlines()
     assert not any(noise in line for line in lines for noise in LAUNCHER_NOISE), lines
-    assert "world size 2" in result.stderr and not list(tmp_path.glob("yatrain-ranks-*"))
+    assert "world size 2" in result.stderr and not list(tmp_path.rglob("yatrain-ranks-*"))
 
 
 FAULT_SETS = ["--set=data.global_batch_size=8", "--set=train.collective_timeout_s=2"]

@@ -98,7 +98,8 @@ def test_a_sweeps_configuration_ends_with_the_sweep(small_data, isolated_env, tm
 def test_a_sigterm_to_one_rank_is_a_clean_stop_that_names_it(small_data, isolated_env, tmp_path):
     """SIGTERM to rank 1 alone: the launcher blamed rank 0 and printed "interrupted"."""
     term = at_step(rank=1, step=3, action="os.kill(os.getpid(), signal.SIGTERM)")
-    env = {**inject(isolated_env, tmp_path / "inject", term), "TMPDIR": str(tmp_path)}
+    env = inject(isolated_env, tmp_path / "inject", term)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the rank logs would go to its private tmp
     sets = ["--set=data.global_batch_size=8", "--set=checkpoint.every=100"]
     args = pretrain_args(small_data, tmp_path / "run", "--steps", "50", *sets)
     result = yatrain(*args, "--nproc-per-node", "2", env=env)
@@ -106,7 +107,7 @@ def test_a_sigterm_to_one_rank_is_a_clean_stop_that_names_it(small_data, isolate
     assert result.returncode == 130, result.stderr[-3000:]
     assert lines[-1].startswith("yatrain: rank 1 of 2 stopped by SIGTERM at step 3;"), lines
     assert not [line for line in lines if "error" in line or "interrupted" in line], lines
-    assert not list(tmp_path.glob("yatrain-ranks-*"))  # nothing failed: no logs kept
+    assert not list(tmp_path.rglob("yatrain-ranks-*"))  # nothing failed: no logs kept
 
 
 def test_a_sigterm_to_the_launcher_reaches_the_ranks_which_save(small_data, isolated_env, tmp_path):
