@@ -97,7 +97,7 @@ _TYPE_WORDS = {int: "whole number", float: "number", str: "string"}
 
 def _coerce(key: str, v: Any, tp: Any) -> Any:
     """Check v against the annotation tp, converting only int->float and numeric str->float."""
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build_dataclass(tp, v, prefix=f"{key}.")
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:

@@ -117,7 +117,12 @@ def shard_group_size(recipe: Recipe, world_size: int, local_world_size: int) -> 
     (torchrun's local world size), the whole world when unset. One line if it does not
     divide the world."""
     wanted = recipe.sharding.shard_group_size
-    size = {None: world_size, "auto": local_world_size}.get(wanted, wanted)
+    if wanted is None:
+        size = world_size  # the whole world shards
+    elif wanted == "auto":
+        size = local_world_size  # the node's ranks
+    else:
+        size = wanted
     cp = recipe.sharding.context_parallel
     if world_size % size == 0 and size % cp:
         if size == world_size:  # the whole world shards: its own line says what divides it
