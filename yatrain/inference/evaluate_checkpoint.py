@@ -55,7 +55,8 @@ def evaluate_checkpoint(
             _check_recipe_data(recipe)
         tokenizer = checkpoint_tokenizer(saved.path)
         facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
-        layout = job_layout(recipe, runtime.world_size, runtime.local_world_size)
+        # any world evaluates: its ranks split the windows, padding the last micro-batches
+        layout = job_layout(recipe, runtime.world_size, runtime.local_world_size, batch=False)
         evaluator = build_evaluator(recipe, runtime, layout, facts, data_dir=data, force=True)
         notes = [f"evaluating {saved.path} on {evaluator.describe()}", *evaluator.short_notices()]
         for line in notes if runtime.is_main else []:
