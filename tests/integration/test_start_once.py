@@ -10,7 +10,7 @@ import pytest
 from conftest import FAST
 
 from yatrain.common import GIB
-from yatrain.plan import fit
+from yatrain.plan import fit, limits
 from yatrain.plan.budget import MemoryBudget
 from yatrain.plan.search import plan_memory
 from yatrain.recipe import topology
@@ -33,6 +33,7 @@ def planner_and_layout_calls(monkeypatch) -> Counter:
     counts: Counter = Counter()
     count_calls(monkeypatch, fit, "plan_for_layers", counts)  # one setting's whole plan
     count_calls(monkeypatch, fit, "plan_memory", counts)  # the search: the fewest that fit
+    count_calls(monkeypatch, limits, "plan_memory", counts)  # the same search, for auto
     count_calls(monkeypatch, topology, "shard_group_size", counts)
     count_calls(monkeypatch, topology, "context_parallel", counts)
     return counts
@@ -48,8 +49,7 @@ def test_a_start_lays_the_job_out_once_and_plans_once(small_data, tmp_path, monk
     pretrain(recipe, run_dir=tmp_path / "run", steps=1, progress=False)
     assert counts["plan_for_layers"] + counts["plan_memory"] == 1
     assert counts["shard_group_size"] == 1
-    # context_parallel: the batch check and the layout ask the one rule; nothing after them
-    assert counts["context_parallel"] == 2
+    assert counts["context_parallel"] == 1
 
 
 def test_on_a_gpu_one_plan_answers_auto_and_the_fit_check(monkeypatch):

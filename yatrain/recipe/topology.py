@@ -52,18 +52,21 @@ def job_layout(
     """The recipe laid over this job (see the module docstring), or the one line that says
     why it cannot be: the batch, the CP size or the shard group does not divide. ``batch``:
     check the global batch too (a run's layout; an engine built alone reads no batches)."""
-    if batch:
-        validate_world_size(recipe, world_size)
-    group = shard_group_size(recipe, world_size, local_world_size)
     context = context_parallel(recipe, world_size)
+    if batch:
+        _check_batch(recipe, world_size, context)
+    group = shard_group_size(recipe, world_size, local_world_size)
     return JobLayout(world_size, group, context, local_world_size)
 
 
 def validate_world_size(recipe: Recipe, world_size: int) -> None:
     """Check the global batch splits evenly into micro-batches across the data ranks (the
     world, or world / CP under context parallelism)."""
+    _check_batch(recipe, world_size, context_parallel(recipe, world_size))
+
+
+def _check_batch(recipe: Recipe, world_size: int, cp: int) -> None:
     data = recipe.data
-    cp = context_parallel(recipe, world_size)
     per_step = data.micro_batch_size * world_size // cp
     if data.global_batch_size % per_step == 0:
         return
