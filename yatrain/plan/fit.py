@@ -16,7 +16,7 @@ from collections.abc import Callable
 from yatrain.common import format_bytes
 from yatrain.errors import ConfigError
 from yatrain.plan.budget import MemoryBudget
-from yatrain.plan.limits import auto_line
+from yatrain.plan.limits import plan_auto
 from yatrain.plan.memory import MemoryPlan, plan_for_layers
 from yatrain.plan.search import plan_memory
 from yatrain.recipe.config import Recipe
@@ -35,15 +35,11 @@ def start_plan(
     setting = recipe.sharding.activation_checkpoint_layers
     world, group = layout.world_size, layout.shard_group
     plan: MemoryPlan | None = None
-    if setting != "auto":
-        layers = setting
-    elif budget.limit is None:
-        layers = 0
-        say(auto_line(0, budget.source, None))
+    if setting == "auto":
+        layers, line, plan = plan_auto(recipe, world, budget.limit, budget.source, group)
+        say(line)
     else:
-        plan = plan_memory(recipe, world, budget.limit, None, budget.staging, shard_group=group)
-        layers = plan.activation_checkpoint_layers
-        say(auto_line(layers, budget.source, plan))
+        layers = setting
     if not fit or budget.have is None:
         return layers
     if plan is None or not budget.fit_is_auto_plan:

@@ -57,20 +57,23 @@ def resolve_auto_checkpoint_layers(
     the line that logs it. A device without a memory limit (a CPU, unless
     ``sharding.gpu_memory_gib`` is set) gets 0: nothing to plan against. (A training run
     asks ``fit.start_plan``, which plans once for this and its fit check.)"""
-    limit, source = memory_limit(recipe, device)
-    if limit is None:
-        return 0, auto_line(0, source, None)
-    plan = plan_memory(recipe, world_size, limit)
-    return plan.activation_checkpoint_layers, auto_line(
-        plan.activation_checkpoint_layers, source, plan
-    )
+    layers, line, _ = plan_auto(recipe, world_size, *memory_limit(recipe, device))
+    return layers, line
 
 
-def auto_line(layers: int, source: str, plan: MemoryPlan | None) -> str:
-    """What ``auto`` became and why: the plan's words, or that nothing limits memory."""
+def plan_auto(
+    recipe: Recipe,
+    world_size: int,
+    limit: int | None,
+    source: str,
+    shard_group: int | None = None,
+) -> tuple[int, str, MemoryPlan | None]:
+    """What ``auto`` becomes against ``limit`` bytes (from ``source``), the line that says
+    why, and the whole plan it came from (None without a limit: 0 layers, no plan)."""
     prefix = "sharding.activation_checkpoint_layers auto"
-    if plan is None:
-        return (
-            f"{prefix} -> 0: {source} to plan against (set sharding.gpu_memory_gib to plan for one)"
-        )
-    return f"{prefix} -> {layers} ({source}): {explain(plan)}"
+    if limit is None:
+        fix = "set sharding.gpu_memory_gib to plan for one"
+        return 0, f"{prefix} -> 0: {source} to plan against ({fix})", None
+    plan = plan_memory(recipe, world_size, limit, shard_group=shard_group)
+    layers = plan.activation_checkpoint_layers
+    return layers, f"{prefix} -> {layers} ({source}): {explain(plan)}", plan
