@@ -84,7 +84,7 @@ def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -
     if dist.is_available() and dist.is_initialized():
         world_size, rank = dist.get_world_size(), dist.get_rank()
     else:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = launched_world_size()
         rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
