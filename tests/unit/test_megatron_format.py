@@ -12,7 +12,7 @@ import torch
 from megatron_files import write_megatron
 from tokenizer_fixtures import sample_texts
 
-from yatrain.data import document_layout, load_tokenizer, train_tokenizer
+from yatrain.data import document_layout, load_tokenizer, megatron, train_tokenizer
 from yatrain.data.megatron import MegatronTokens, megatron_prefix
 from yatrain.errors import ConfigError, DataError
 
@@ -101,3 +101,54 @@ def test_the_bin_and_the_vocabulary_are_checked(tmp_path, tokenizer):
         MegatronTokens.open(prefix, tokenizer)
     with pytest.raises(ConfigError, match="set data.tokenizer"):
         MegatronTokens.open(big, None)
+
+
+def test_an_index_with_sequence_modes_reads_like_one_without(tmp_path, tokenizer):
+    tok = load_tokenizer(tokenizer)
+    documents = [[[5, 6, 7]], [[8], [9, 10]], [[11]]]
+    plain = write_megatron(tmp_path / "plain", documents)
+    moded = write_megatron(tmp_path / "moded", documents, modes=True)
+    sequences = 4  # one int8 mode each, after the document index
+    size = Path(f"{plain}.idx").stat().st_size
+    assert Path(f"{moded}.idx").stat().st_size == size + sequences
+    data = MegatronTokens.open(moded, tokenizer)
+    bos, eos = tok.bos_id, tok.eos_id
+    stream = [bos, 5, 6, 7, eos, bos, 8, 9, 10, eos, bos, 11, eos]
+    assert data.num_documents == 3 and data.read(0, data.num_tokens).tolist() == stream
+
+
+def test_windows_are_the_full_windows_of_seq_len_plus_one_tokens(tmp_path, tokenizer):
+    """16 tokens: a multiple of 4 and 8, where a window count of tokens // seq_len would
+    promise one window more than the stream holds."""
+    documents = [[[5, 6, 7]], [[8, 9, 10]], [[11, 12, 13, 14]]]  # 5 + 5 + 6 tokens wrapped
+    data = MegatronTokens.open(write_megatron(tmp_path / "d", documents), tokenizer)
+    assert data.num_tokens == 16
+    for seq_len in range(1, 20):
+        fits = [n for n in range(20) if n * seq_len + 1 <= 16]  # window n-1 ends at n*seq_len
+        assert data.windows(seq_len) == max(fits), seq_len
+        for window in range(data.windows(seq_len)):  # every window counted can be read
+            assert len(data.read(window * seq_len, seq_len + 1)) == seq_len + 1
+    assert data.windows(4) == 3 and data.windows(8) == 1 and data.windows(16) == 0
+
+
+def test_ids_read_lazily_from_a_large_bin_are_checked_against_the_vocabulary(
+    tmp_path, tokenizer, monkeypatch
+):
+    """A .bin over the verify-at-open size is checked as it is read: every .bin is such a
+    one here, the threshold lowered to 0 bytes."""
+    monkeypatch.setattr(megatron, "_VERIFY_MAX_BYTES", 0)
+    tok = load_tokenizer(tokenizer)
+    bos, eos = tok.bos_id, tok.eos_id
+    documents = [[[5, 6, 7]], [[8, 4000, 9]], [[10, 11]]]  # 4000: beyond the 400-piece vocab
+    data = MegatronTokens.open(write_megatron(tmp_path / "big", documents), tokenizer)
+    assert data.read(0, 5).tolist() == [bos, 5, 6, 7, eos]  # opened: nothing read yet
+    assert data.read(10, 4).tolist() == [bos, 10, 11, eos]
+    with pytest.raises(DataError, match="token id 4000 .* outside the vocabulary of 400"):
+        data.read(5, 5)
+    with pytest.raises(DataError, match="token id 4000"):
+        data.read(0, data.num_tokens)
+    negative = write_megatron(tmp_path / "neg", [[[5, 6]], [[7, -2, 8]]], np.int16)
+    data = MegatronTokens.open(negative, tokenizer)
+    assert data.read(0, 4).tolist() == [bos, 5, 6, eos]
+    with pytest.raises(DataError, match="token id -2"):
+        data.read(4, 5)
