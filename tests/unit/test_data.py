@@ -19,6 +19,7 @@ from yatrain.data import (
     prepare_data,
     train_tokenizer,
 )
+from yatrain.data.batch import MicroBatch
 from yatrain.data.shards import token_dtype
 from yatrain.errors import DataError
 
@@ -255,11 +256,17 @@ def test_default_corpus_files():
 # --- loader, on hand-written shards whose token i is simply i -------------------------------
 
 
-def _fake_data(path: Path, num_tokens: int, shard_tokens: int) -> TokenShards:
-    """Write the on-disk format directly (also pins the format down independently)."""
+def _fake_data(
+    path: Path, num_tokens: int, shard_tokens: int, tokens: np.ndarray | None = None
+) -> TokenShards:
+    """Write the on-disk format directly (also pins the format down independently); token
+    i is i unless ``tokens`` are given."""
     path.mkdir()
     (path / "tokenizer.model").write_bytes(b"stand-in tokenizer")
-    tokens = np.arange(num_tokens, dtype="<u2")
+    if tokens is None:
+        tokens = np.arange(num_tokens, dtype="<u2")
+    tokens = np.asarray(tokens, dtype="<u2")
+    assert len(tokens) == num_tokens
     files = []
     for i, start in enumerate(range(0, num_tokens, shard_tokens)):
         data = tokens[start : start + shard_tokens].tobytes()
@@ -362,3 +369,59 @@ def test_loader_validation(shards):
         GlobalBatchLoader(shards, 16, 8, micro_batch_size=2, rank=0, world_size=3)
     with pytest.raises(DataError, match="rank 2 is outside"):
         GlobalBatchLoader(shards, 16, 8, micro_batch_size=1, rank=2, world_size=2)
+
+
+def test_resume_is_refused_on_data_with_another_window_count_or_batch(shards, tmp_path):
+    loader = GlobalBatchLoader(shards, seq_len=8, global_batch_size=8, micro_batch_size=2)
+    for _ in range(3):
+        loader.next_batch()
+    state = json.loads(json.dumps(loader.state_dict()))
+    longer = _fake_data(tmp_path / "longer", num_tokens=1200, shard_tokens=37)
+    other_data = GlobalBatchLoader(longer, 8, 8, 2)
+    with pytest.raises(DataError, match="num_windows=124, this run has 149: resume with the same"):
+        other_data.load_state_dict(state)
+    assert other_data.step == 0  # nothing resumed: still at the start of its own order
+    other_batch = GlobalBatchLoader(shards, 8, 16, 2)
+    with pytest.raises(DataError, match="global_batch_size=8, this run has 16"):
+        other_batch.load_state_dict(state)
+    assert other_batch.step == 0
+
+
+# Documents [bos] text [eos] of 3 to 9 tokens back to back (bos 1, eos 2, text 10..).
+_DOCUMENTS = np.concatenate([[1, *range(10, 10 + n), 2] for n in [1, 4, 7, 2, 5, 3, 6] * 20])
+
+
+def _restarted_positions(row: list[int]) -> list[int]:
+    """Positions counted from 0 at the window's start and at each BOS that follows an EOS."""
+    out = []
+    for i, token in enumerate(row):
+        starts = i == 0 or (token == 1 and row[i - 1] == 2)
+        out.append(0 if starts else out[-1] + 1)
+    return out
+
+
+def test_training_batches_carry_restarted_positions_when_asked(tmp_path):
+    shards = _fake_data(tmp_path / "docs", len(_DOCUMENTS), 97, tokens=_DOCUMENTS)
+    options = dict(seq_len=16, global_batch_size=8, micro_batch_size=2, seed=1)
+    loader = GlobalBatchLoader(shards, **options, document_mask=True, restart_positions=True)
+    masked_only = GlobalBatchLoader(shards, **options, document_mask=True)
+    plain = GlobalBatchLoader(shards, **options)
+    for _ in range(3):
+        for batch, other, bare in zip(
+            loader.next_batch(), masked_only.next_batch(), plain.next_batch(), strict=True
+        ):
+            want = [_restarted_positions(row) for row in batch.inputs.tolist()]
+            assert batch.extra["positions"].tolist() == want
+            assert any(p == 0 for row in want for p in row[1:]), "a document starts inside"
+            assert set(other.extra) == {"document_ids"} and dict(bare.extra) == {}
+
+
+def test_a_micro_batch_moves_its_model_inputs_with_it():
+    tokens = torch.tensor([[1, 10, 2, 1], [11, 2, 1, 12]])
+    extra = {"document_ids": torch.tensor([[1, 1, 1, 2], [1, 1, 2, 2]]), "positions": tokens * 0}
+    moved = MicroBatch(tokens, tokens + 1, extra).to(torch.device("meta"))
+    assert moved.inputs.device.type == moved.targets.device.type == "meta"
+    assert set(moved.extra) == {"document_ids", "positions"}
+    for name, value in moved.extra.items():
+        assert value.device.type == "meta" and value.shape == extra[name].shape, name
+    assert extra["positions"].device.type == "cpu"  # the original stays where it was
