@@ -171,3 +171,22 @@ def test_recipe_sources_build_a_mixture(sources, tmp_path):
         load_recipe(ROOT / "recipes/tiny.yaml", ["data.path=null", twice])
     with pytest.raises(ConfigError, match="needs 'data.document_mask: true'"):
         load_recipe(ROOT / "recipes/tiny.yaml", ["data.restart_positions=true"])
+
+
+def test_every_rank_of_a_step_gets_windows_of_every_source(sources):
+    """Two sources at equal weights, a step of 8 windows over 4 ranks of 2: in source
+    order, ranks 0-1 would only ever see a and ranks 2-3 only c. Shuffled together, a
+    rank's 2 windows are of both sources with probability 4 x 4 / (8 choose 2) = 4/7."""
+    two = [sources[0], sources[2]]  # token values 0.. and 40000..: source 0 and 2
+    ranks = [MixtureLoader(two, [1, 1], SEQ, 8, 2, rank, 4, seed=3) for rank in range(4)]
+    mixed, seen = 0, [set() for _ in ranks]
+    steps = 20
+    for _ in range(steps):
+        for rank, loader in enumerate(ranks):
+            ((x, _y, _extra),) = loader.next_batch()
+            found = set(_source_of(x).tolist())
+            assert found <= {0, 2}
+            seen[rank] |= found
+            mixed += len(found) == 2
+    assert all(s == {0, 2} for s in seen), seen
+    assert mixed >= steps * 4 // 3, mixed  # expected 4/7 of the 80 rank-steps
