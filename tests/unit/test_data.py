@@ -20,7 +20,7 @@ from yatrain.data import (
     train_tokenizer,
 )
 from yatrain.data.batch import MicroBatch
-from yatrain.data.shards import token_dtype
+from yatrain.data.shards import load_manifest, token_dtype
 from yatrain.errors import DataError
 
 SENTENCE = (
@@ -72,7 +72,7 @@ def prepared(corpus, tmp_path_factory) -> Path:
 
 def _documents_from_stream(shards: TokenShards) -> list[np.ndarray]:
     tokens = shards.read(0, shards.num_tokens)
-    bos, eos = shards.manifest["bos_id"], shards.manifest["eos_id"]
+    bos, eos = shards.bos_id, shards.eos_id
     starts, ends = np.flatnonzero(tokens == bos), np.flatnonzero(tokens == eos)
     assert len(starts) == len(ends) and tokens[0] == bos and tokens[-1] == eos
     return [tokens[s + 1 : e] for s, e in zip(starts, ends, strict=True)]
@@ -80,7 +80,7 @@ def _documents_from_stream(shards: TokenShards) -> list[np.ndarray]:
 
 def test_round_trip_text_shards_text(corpus, prepared):
     shards = TokenShards.open(prepared)
-    manifest = shards.manifest
+    manifest = load_manifest(prepared)
     assert manifest["format"] == "yatrain-tokens-v1" and manifest["dtype"] == "uint16"
     assert len(manifest["files"]) > 1, "shard_tokens=997 should force several files"
     assert shards.num_tokens == sum(f["num_tokens"] for f in manifest["files"])
@@ -237,7 +237,7 @@ def test_output_exists_and_no_half_written_output(prepared, tmp_path):
     (tmp_path / "empty").mkdir()
     late.write_text('{"text": "fine"}\n')
     prepare_data(tmp_path / "empty", [late], tokenizer=model, progress=False)
-    assert TokenShards.open(tmp_path / "empty").manifest["num_documents"] == 1
+    assert load_manifest(tmp_path / "empty")["num_documents"] == 1
 
 
 def test_default_corpus_files():
@@ -294,7 +294,7 @@ def shards(tmp_path) -> TokenShards:
 
 
 def test_read_crosses_file_boundaries(shards):
-    assert len(shards.manifest["files"]) == 28
+    assert len(load_manifest(shards.path)["files"]) == 28
     for start, length in [(0, 1000), (36, 2), (37, 37), (30, 100), (999, 1), (500, 0)]:
         out = shards.read(start, length)
         assert out.dtype == np.int64 and out.tolist() == list(range(start, start + length))

@@ -2,8 +2,9 @@
 
 The token stream is cut into windows of ``seq_len + 1`` tokens; window ``j`` starts at token
 ``j * seq_len``, so consecutive windows share one boundary token and no token is a target
-twice. Each epoch is a seeded permutation of all windows, consumed ``global_batch_size`` at a
-time (the remainder is dropped for that epoch). Global step ``k`` is therefore one fixed,
+twice. Each epoch is a seeded permutation of all windows (``data/order.py``: evaluated per
+index, never materialised), consumed ``global_batch_size`` at a time (the remainder is
+dropped for that epoch). Global step ``k`` is therefore one fixed,
 ordered list of windows; ranks take contiguous slices of it and cut their slice into
 micro-batches. Changing the world size or micro-batch size changes who computes what, never
 which sequences make up step ``k`` -- so a run can resume on a different cluster shape.
@@ -18,6 +19,7 @@ import torch
 
 from yatrain.data.batch import MicroBatch
 from yatrain.data.documents import document_layout
+from yatrain.data.order import FEISTEL, LEGACY, ORDERS, WindowOrder
 from yatrain.data.shards import TokenShards
 from yatrain.errors import DataError
 
@@ -133,7 +135,7 @@ class GlobalBatchLoader(BatchLoader):
         self.rank, self.world_size = rank, world_size
         self.batches_per_epoch = self.num_windows // global_batch_size
         self.step = 0
-        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+        self.window_order = WindowOrder(FEISTEL, self.num_windows)
         self.tokenizer_files, self.vocab_size = shards.tokenizer_files, shards.vocab_size
         self.tokenizer_sha256 = shards.tokenizer_sha256
         self.bos_id, self.eos_id = shards.bos_id, shards.eos_id
@@ -143,12 +145,6 @@ class GlobalBatchLoader(BatchLoader):
     def epoch(self) -> int:
         """The (0-based) epoch the next batch comes from."""
         return self.step // self.batches_per_epoch
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._perm_epoch:  # one permutation per epoch, computed once
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
-            self._perm_epoch = epoch
-        return self._perm
 
     def describe(self, steps: int) -> str:
         epochs = steps * self.global_batch_size / self.num_windows
@@ -161,7 +157,8 @@ class GlobalBatchLoader(BatchLoader):
         """Window indices of global step ``step``, in order (the same for every rank)."""
         epoch, index = divmod(step, self.batches_per_epoch)
         size = self.global_batch_size
-        return self._permutation(epoch)[index * size : (index + 1) * size]
+        positions = np.arange(index * size, (index + 1) * size, dtype=np.int64)
+        return self.window_order.at([self.seed, epoch], positions)
 
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's ``accumulation_steps`` micro-batches of int64 [micro, seq_len] (x, y)."""
@@ -180,6 +177,7 @@ class GlobalBatchLoader(BatchLoader):
             "seq_len": self.seq_len,
             "global_batch_size": self.global_batch_size,
             "num_windows": self.num_windows,
+            "order": self.window_order.order,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -194,4 +192,17 @@ class GlobalBatchLoader(BatchLoader):
         step = state.get("step")
         if not isinstance(step, int) or step < 0:
             raise DataError(f"checkpoint data loader step {step!r} is invalid: use another one")
+        self.window_order = WindowOrder(resumed_order(state), self.num_windows)
         self.step = step
+
+
+def resumed_order(state: dict) -> str:
+    """The sample order a checkpoint's loader state was written with: a run resumes in the
+    order it started (a state from before orders were named is ``LEGACY``)."""
+    order = state.get("order", LEGACY)
+    if order not in ORDERS:
+        raise DataError(
+            f"checkpoint data loader has sample order {order!r}, which this yatrain does not "
+            f"know (it knows {', '.join(ORDERS)}): resume with the yatrain that wrote it"
+        )
+    return order

@@ -6,10 +6,11 @@ and slots go to sources in order of due time (ties to the earlier source). So af
 slots each source has had ``n * w_i`` windows to within about one, every global batch gets
 its share rounded up or down, and the counts for any ``n`` are computed directly, without
 replaying the run. Step ``k`` takes slots ``[k G, (k + 1) G)``; a source reads its windows
-in a seeded permutation per epoch and, when it runs out, continues with the next epoch's
-(reshuffled). The step's windows are then shuffled together, seeded by the step, so every
-micro-batch mixes sources. Everything is a function of (seed, step): the same at any world
-size, and resumed exactly from the step alone.
+in a seeded order per epoch (``data/order.py``: evaluated per index, never materialised)
+and, when it runs out, continues with the next epoch's (reshuffled). The step's windows are
+then shuffled together, seeded by the step, so every micro-batch mixes sources. Everything
+is a function of (seed, step): the same at any world size, and resumed exactly from the
+step alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from yatrain.data.loader import BatchLoader, check_batching
+from yatrain.data.loader import BatchLoader, check_batching, resumed_order
+from yatrain.data.order import FEISTEL, WindowOrder
 from yatrain.data.shards import TokenShards
 from yatrain.errors import DataError
 
@@ -102,32 +104,34 @@ class MixtureLoader(BatchLoader):
         self.document_mask, self.restart_positions = document_mask, restart_positions
         self.notice = notice or (lambda message: None)
         self._announced: set[int] = set()
-        self._perms: dict[tuple[int, int], np.ndarray] = {}
+        self.window_orders = [WindowOrder(FEISTEL, n) for n in self.num_windows]
 
     def consumed(self, step: int) -> np.ndarray:
         """Windows each source has given to steps ``0 .. step - 1``."""
         return mixture_counts(self.weights, step * self.global_batch_size)
 
-    def _permutation(self, source: int, epoch: int) -> np.ndarray:
-        key = (source, epoch)
-        if key not in self._perms:
-            for old in [k for k in self._perms if k[0] == source]:
-                del self._perms[old]  # one epoch per source in memory (two at a boundary)
-            rng = np.random.default_rng([self.seed, _SOURCE_ORDER, source, epoch])
-            self._perms[key] = rng.permutation(self.num_windows[source])
-        return self._perms[key]
+    def _windows(self, source: int, first: int, end: int) -> np.ndarray:
+        """The windows of ``source`` it gives at consumption indices ``[first, end)``: each
+        index is (epoch, place in that epoch's order)."""
+        epochs, places = np.divmod(np.arange(first, end, dtype=np.int64), self.num_windows[source])
+        out = np.empty(len(places), dtype=np.int64)
+        for epoch in np.unique(epochs).tolist():
+            here = epochs == epoch
+            key = [self.seed, _SOURCE_ORDER, source, epoch]
+            out[here] = self.window_orders[source].at(key, places[here])
+        return out
 
     def global_batch(self, step: int) -> np.ndarray:
         """[G, 2] (source, window) pairs of global step ``step``, in order (every rank)."""
         start, end = self.consumed(step), self.consumed(step + 1)
-        pairs = []
-        for source, (a, b) in enumerate(zip(start.tolist(), end.tolist(), strict=True)):
-            n = self.num_windows[source]
-            for index in range(a, b):  # consumption index -> (epoch, place in its order)
-                epoch, place = divmod(index, n)
-                pairs.append((source, int(self._permutation(source, epoch)[place])))
+        pairs = np.concatenate(
+            [
+                np.stack([np.full(b - a, source, dtype=np.int64), self._windows(source, a, b)], 1)
+                for source, (a, b) in enumerate(zip(start.tolist(), end.tolist(), strict=True))
+            ]
+        )
         order = np.random.default_rng([self.seed, _BATCH_ORDER, step]).permutation(len(pairs))
-        return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)[order]
+        return pairs[order]
 
     def next_batch(self):
         """This rank's ``accumulation_steps`` micro-batches of int64 [micro, seq_len] (x, y)."""
@@ -174,6 +178,7 @@ class MixtureLoader(BatchLoader):
             "seq_len": self.seq_len,
             "global_batch_size": self.global_batch_size,
             "mixture": self._mixture(),
+            "order": self.window_orders[0].order,
         }
 
     def _mixture(self) -> list[dict]:
@@ -195,6 +200,8 @@ class MixtureLoader(BatchLoader):
         step = state.get("step")
         if not isinstance(step, int) or step < 0:
             raise DataError(f"checkpoint data loader step {step!r} is invalid: use another one")
+        order = resumed_order(state)
+        self.window_orders = [WindowOrder(order, n) for n in self.num_windows]
         self.step = step
 
 

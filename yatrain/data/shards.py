@@ -20,6 +20,7 @@ under ``parts/``; its manifest names them by their path below the directory.
 
 import hashlib
 import json
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "hf")
 SPLITS = ("train", "validation")
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _VERIFY_MAX_BYTES = 512 * 2**20  # above this, hashing every shard on open costs too much
+MAX_OPEN_FILES = 64  # token files mapped at once: far below `ulimit -n` and vm.max_map_count
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -80,16 +82,25 @@ def split_entry(manifest: dict, split: str) -> dict | None:
 
 
 class TokenShards:
-    """Read-only view of one split of a data directory as one long token stream
-    (memory-mapped): the training split, or the held-out ``validation`` split."""
+    """Read-only view of one split of a data directory as one long token stream: the
+    training split, or the held-out ``validation`` split.
 
-    def __init__(self, path: Path, manifest: dict, arrays: list[np.ndarray], split: str = "train"):
-        self.path, self.manifest, self._arrays, self.split = path, manifest, arrays, split
-        sizes = np.array([len(a) for a in arrays], dtype=np.int64)
-        self._ends = np.cumsum(sizes)
-        self._starts = self._ends - sizes
+    Token files are memory-mapped when a read first needs them, at most ``MAX_OPEN_FILES``
+    at a time (least recently used closed first), so any number of files works under the
+    usual ``ulimit -n`` and ``vm.max_map_count``; a file's size is checked when it is mapped,
+    so opening does not stat every file (300,000 files x 256 ranks on a parallel file system).
+    What stays in memory is one int64 array of file ends and the file names."""
+
+    def __init__(self, path: Path, manifest: dict, split: str = "train"):
+        self.path, self.split = path, split
+        part = split_entry(manifest, split)
+        self._dtype = _DTYPES[manifest["dtype"]]
+        self._names = [entry["name"] for entry in part["files"]]
+        sizes = [entry["num_tokens"] for entry in part["files"]]
+        self._ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self.vocab_size: int = manifest["vocab_size"]
-        self.num_tokens: int = split_entry(manifest, split)["num_tokens"]
+        self.num_tokens: int = part["num_tokens"]
         self.tokenizer_sha256: str = manifest["tokenizer_sha256"]
         self.tokenizer_kind: str = manifest.get("tokenizer_kind", "sentencepiece")
         self.bos_id: int = manifest["bos_id"]
@@ -102,8 +113,11 @@ class TokenShards:
     def open(
         cls, path: Path, verify_checksums: bool | None = None, split: str = "train"
     ) -> "TokenShards":
-        """Open and validate one split of a data directory; checksums are verified by default
-        up to 512 MB. A missing validation split is a DataError (``has_validation`` asks)."""
+        """Open one split of a data directory. ``verify_checksums``: None (training's
+        default) hashes and reads every file of data up to 512 MB and leaves larger data to
+        be checked file by file as it is first read; True always hashes; False checks every
+        file's size now without hashing (a one-time job that must see every file). A
+        missing validation split is a DataError (``has_validation`` asks)."""
         path = Path(path)
         manifest = load_manifest(path)
         part = split_entry(manifest, split)
@@ -112,12 +126,12 @@ class TokenShards:
                 f"{path} has no held-out validation split: prepare it again with "
                 "`yatrain prepare-data --val-fraction F`"
             )
-        dtype = _DTYPES[manifest["dtype"]]
-        total_bytes = part["num_tokens"] * dtype.itemsize
-        if verify_checksums is None:
-            verify_checksums = total_bytes <= _VERIFY_MAX_BYTES
-        fix = f"re-run `yatrain prepare-data` into a new directory to rebuild {path}"
-
+        total_bytes = part["num_tokens"] * _DTYPES[manifest["dtype"]].itemsize
+        if verify_checksums is None:  # large data: each file checked when first read
+            check_now, hash_files = total_bytes <= _VERIFY_MAX_BYTES, True
+        else:
+            check_now, hash_files = True, verify_checksums
+        fix = _rebuild(path)
         names = manifest.get("tokenizer_files", [TOKENIZER])
         for name in names:
             if not (path / name).is_file():
@@ -126,25 +140,38 @@ class TokenShards:
             raise DataError(
                 f"{path / names[0]} does not match the tokenizer_sha256 in the manifest: {fix}"
             )
-
-        arrays = []
-        for entry in part["files"]:
-            file = path / entry["name"]
-            if not file.is_file():
-                raise DataError(f"token file {file} is missing: {fix}")
-            expected = entry["num_tokens"] * dtype.itemsize
-            if file.stat().st_size != expected:
-                raise DataError(
-                    f"token file {file} has {file.stat().st_size} bytes, the manifest says "
-                    f"{expected} (truncated or overwritten?): {fix}"
-                )
-            if verify_checksums and file_sha256(file) != entry["sha256"]:
+        shards = cls(path, manifest, split)
+        for index, entry in enumerate(part["files"] if check_now else []):
+            array, file = shards._mapped(index), path / entry["name"]
+            if not hash_files:
+                continue
+            if file_sha256(file) != entry["sha256"]:
                 raise DataError(f"token file {file} fails its sha256 check (corrupted): {fix}")
-            array = np.memmap(file, dtype=dtype, mode="r")
-            if verify_checksums:  # read anyway: every id checked now, the rest on each read
-                _check_ids(array, manifest["vocab_size"], f"token file {file}", fix)
-            arrays.append(array)
-        return cls(path, manifest, arrays, split)
+            _check_ids(array, shards.vocab_size, f"token file {file}", fix)  # read anyway
+        return shards
+
+    def _mapped(self, index: int) -> np.ndarray:
+        """Token file ``index`` as a memory map, mapped (and its size checked) on first use;
+        the least recently used map is closed beyond ``MAX_OPEN_FILES``."""
+        if index in self._maps:
+            self._maps.move_to_end(index)
+            return self._maps[index]
+        file = self.path / self._names[index]
+        count = int(self._ends[index] - (self._ends[index - 1] if index else 0))
+        expected = count * self._dtype.itemsize
+        try:
+            actual = file.stat().st_size
+        except FileNotFoundError:
+            raise DataError(f"token file {file} is missing: {_rebuild(self.path)}") from None
+        if actual != expected:
+            raise DataError(
+                f"token file {file} has {actual} bytes, the manifest says {expected} "
+                f"(truncated or overwritten?): {_rebuild(self.path)}"
+            )
+        self._maps[index] = np.memmap(file, dtype=self._dtype, mode="r")
+        if len(self._maps) > MAX_OPEN_FILES:
+            self._maps.popitem(last=False)  # its map closes when no read holds it
+        return self._maps[index]
 
     def windows(self, seq_len: int) -> int:
         """How many windows of ``seq_len + 1`` tokens the stream holds (consecutive windows
@@ -160,17 +187,21 @@ class TokenShards:
         i = int(np.searchsorted(self._ends, start, side="right"))
         done = 0
         while done < length:
-            local = start + done - int(self._starts[i])
-            take = min(length - done, len(self._arrays[i]) - local)
-            out[done : done + take] = self._arrays[i][local : local + take]
+            local = start + done - (int(self._ends[i - 1]) if i else 0)
+            array = self._mapped(i)
+            take = min(length - done, len(array) - local)
+            out[done : done + take] = array[local : local + take]
             done += take
             i += 1
-        fix = f"re-run `yatrain prepare-data` into a new directory to rebuild {self.path}"
-        _check_ids(out, self.vocab_size, f"{self.path} at token {start:,}", fix)
+        _check_ids(out, self.vocab_size, f"{self.path} at token {start:,}", _rebuild(self.path))
         return out
 
     def __repr__(self) -> str:
         return f"TokenShards({str(self.path)!r}, {self.split}, num_tokens={self.num_tokens:,})"
+
+
+def _rebuild(path: Path) -> str:
+    return f"re-run `yatrain prepare-data` into a new directory to rebuild {path}"
 
 
 def load_manifest(path: Path) -> dict:
