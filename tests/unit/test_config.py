@@ -10,7 +10,7 @@ from yatrain.errors import ConfigError
 from yatrain.recipe.checks import check_vocab
 from yatrain.recipe.config import Recipe, recipe_to_dict
 from yatrain.recipe.load import load_recipe, recipe_from_dict
-from yatrain.recipe.topology import validate_world_size
+from yatrain.recipe.topology import JobLayout, job_layout, validate_world_size
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 TINY = ROOT / "recipes" / "tiny.yaml"
@@ -319,6 +319,15 @@ def test_validate_world_size():
     with pytest.raises(ConfigError, match=r"'data\.global_batch_size'.*24 or 48") as e:
         validate_world_size(r, 3)
     assert "\n" not in str(e.value)
+
+
+def test_an_evaluation_layout_takes_any_world_a_training_layout_refuses():
+    """``yatrain eval`` lays its job out without the batch check (its ranks split the
+    windows): 3 ranks evaluate a recipe whose 16 sequences do not split over 3."""
+    r = load_recipe(TINY)  # global 16, micro 8
+    assert job_layout(r, 3, 3, batch=False) == JobLayout(3, 3, 1, 3)
+    with pytest.raises(ConfigError, match=r"'data\.global_batch_size' \(16\).*24 or 48"):
+        job_layout(r, 3, 3)
 
 
 def test_check_vocab():
