@@ -1,0 +1,104 @@
+"""The data path's start-up at corpus sizes users train on, measured on one CPU.
+
+    .venv/bin/python scripts/bench_data_scale.py                 # 1e9 .. 1.5e13 tokens
+    .venv/bin/python scripts/bench_data_scale.py --tokens 1e9 1e11
+
+For each size a sparse corpus is written (``prepare-data``'s 50M tokens a file, zeros, no
+disk used: ``yatrain/testing/sparse_corpus.py``); then a fresh process imports yatrain and
+torch, and becomes the last rank of ``recipes/llama3_70b.yaml`` at world 256 (seq 8192): it
+builds its loader through ``build_loader`` (what ``pretrain`` calls) and reads its first
+batch. Printed per size: the seconds from after the imports to the first batch, and the peak
+RSS beyond the RSS after the imports. Target: both flat across the range (the largest within
+1.2x of the smallest, give or take the manifest's parse) and under 2 s and 300 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENS_PER_FILE = 50_000_000  # prepare-data's default --shard-tokens
+WORLD, RANK = 256, 255
+RECIPE = REPO / "recipes" / "llama3_70b.yaml"
+
+_RANK = """
+import json, resource, sys, time
+import torch  # the imports a rank has anyway
+from yatrain.data.build import build_loader
+from yatrain.recipe.load import load_recipe
+
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+recipe = load_recipe(sys.argv[1], [f"data.path={sys.argv[2]}"])
+base = rss_mib()
+began = time.perf_counter()
+loader = build_loader(recipe.data, seed=recipe.train.seed, rank=int(sys.argv[3]),
+                      world_size=int(sys.argv[4]))
+batches = loader.next_batch()
+seconds = time.perf_counter() - began
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": seconds, "peak_mib": peak - base, "windows": loader.num_windows,
+                  "micro_batches": len(batches), "shape": list(batches[0].inputs.shape)}))
+"""
+
+
+def measure(data: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _RANK, str(RECIPE), str(data), str(RANK), str(WORLD)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    from yatrain.data import default_corpus_files, prepare_data
+    from yatrain.testing.sparse_corpus import write_sparse_corpus
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", nargs="*", type=float, default=[1e9, 1e10, 1e11, 1e12, 1.5e13])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="yatrain-data-scale-") as scratch:
+        root = Path(scratch)
+        source = root / "tokenizer-source"
+        prepare_data(source, default_corpus_files(max_bytes=50_000), vocab_size=512, progress=False)
+        print(
+            f"rank {RANK} of {WORLD}, {RECIPE.name} (seq 8192), {TOKENS_PER_FILE:,} tokens a file"
+        )
+        print("| tokens | files | windows | write s | start to first batch s | peak RSS MiB |")
+        print("|--:|--:|--:|--:|--:|--:|")
+        rows = []
+        for tokens in args.tokens:
+            files = max(1, round(tokens / TOKENS_PER_FILE))
+            data = root / f"corpus-{files}"
+            began = time.perf_counter()
+            write_sparse_corpus(data, files, TOKENS_PER_FILE, tokenizer_from=source)
+            written = time.perf_counter() - began
+            result = measure(data)
+            rows.append(result)
+            print(
+                f"| {files * TOKENS_PER_FILE:.3g} | {files:,} | {result['windows']:,} | "
+                f"{written:.1f} | {result['seconds']:.3f} | {result['peak_mib']:.1f} |",
+                flush=True,
+            )
+            for file in data.iterdir():  # inodes back before the next size
+                file.unlink()
+            data.rmdir()
+        slow, fast = max(r["seconds"] for r in rows), min(r["seconds"] for r in rows)
+        big, small = max(r["peak_mib"] for r in rows), min(r["peak_mib"] for r in rows)
+        print(f"largest / smallest: time {slow / fast:.2f}x, peak RSS {big / max(small, 1):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
