@@ -17,17 +17,25 @@ ones skipped) is read the way yatrain stores its own: ``[bos] tokens [eos]``, th
 out when the document already starts with it and the EOS when it already ends with it
 (Megatron's ``--append-eod``). So document masking and restarted positions
 (``data.document_mask``, ``data.restart_positions``) find the ``.idx``'s document
-boundaries in the tokens, exactly as for prepared data. The ``.bin`` is memory-mapped;
-opening reads the index and one token at each end of every document.
+boundaries in the tokens, exactly as for prepared data.
+
+Memory does not grow with the document count (a corpus may hold billions): opening streams
+over the index and one token at each end of every document with file reads, a bounded chunk
+at a time, checking as it goes, and keeps only a sparse index in RAM, the stream position of
+every ``_GROUP``-th document (8 bytes per group). Both files are memory-mapped; a read lays
+out the groups it touches (each document's place in the ``.bin`` and whether it gets a BOS
+and an EOS) from the maps, and keeps the last few groups laid out.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import struct
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -40,7 +48,10 @@ MAGIC = b"MMIDIDX\x00\x00"
 HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, document indices
 DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 8: "<u2"}  # token ids: integers
 _FLOATS = {6: "float64", 7: "float32"}
-_CHUNK = 1 << 24  # index entries checked at a time (bounded memory)
+_CHUNK = 1 << 16  # index entries (or tokens) read and checked at a time when opening
+_WINDOW = 1 << 20  # bytes of a file read at once to pick scattered entries out of it
+_GROUP = 4096  # documents per entry of the sparse index kept in memory
+_CACHED_GROUPS = 16  # groups whose layout read() keeps (consecutive windows share them)
 _VERIFY_MAX_BYTES = 512 * 2**20
 
 
@@ -76,8 +87,9 @@ class MegatronTokens:
         for file in (idx, binary):
             if not file.is_file():
                 raise DataError(f"{file} is missing: a Megatron dataset needs both .bin and .idx")
-        self.dtype, lengths, starts = _read_index(prefix, idx, binary.stat().st_size)
-        self._tokens = np.memmap(binary, dtype=self.dtype, mode="r") if starts[-1] else None
+        bin_bytes = binary.stat().st_size
+        self.dtype, self._sequences, entries = _read_header(prefix, idx)
+        self._bin_tokens, self._documents = bin_bytes // self.dtype.itemsize, entries - 1
         self.vocab_size, self.bos_id, self.eos_id = (
             tokenizer.vocab_size,
             tokenizer.bos_id,
@@ -86,21 +98,27 @@ class MegatronTokens:
         self.tokenizer_sha256, self.tokenizer_kind = tokenizer.sha256, tokenizer.kind
         self.tokenizer_files = _saved(tokenizer)
         self.tokenizer_path = self.tokenizer_files[0]
-        keep = lengths > 0
-        self._start, self._length = starts[:-1][keep], lengths[keep]
-        self.num_documents = len(self._length)
-        if self.num_documents and binary.stat().st_size <= _VERIFY_MAX_BYTES:
-            self._check(np.asarray(self._tokens), 0)
-        if self.num_documents:
-            first = np.asarray(self._tokens[self._start])
-            last = np.asarray(self._tokens[self._start + self._length - 1])
-            self._front = (first != self.bos_id).astype(np.int64)
-            back = (last != self.eos_id).astype(np.int64)
-        else:
-            self._front = back = np.zeros(0, dtype=np.int64)
-        sizes = self._front + self._length + back
-        self._vstart = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.num_tokens = int(self._vstart[-1])
+        with open(idx, "rb") as index, open(binary, "rb") as data:
+            lengths = _FileArray(index, "<i4", HEADER.size)
+            pointers = _FileArray(index, "<i8", HEADER.size + 4 * self._sequences)
+            _check_sequences(
+                prefix, lengths, pointers, self._sequences, self.dtype.itemsize, bin_bytes
+            )
+            documents = _FileArray(index, "<i8", HEADER.size + 12 * self._sequences)
+            tokens = _FileArray(data, self.dtype, 0)
+            self._group_starts, self.num_documents = self._index_groups(
+                prefix, documents, pointers, tokens
+            )
+            if self.num_documents and bin_bytes <= _VERIFY_MAX_BYTES:
+                for lo in range(0, self._bin_tokens, _CHUNK):
+                    self._check(tokens.slice(lo, min(lo + _CHUNK, self._bin_tokens)), lo)
+        self.num_tokens = int(self._group_starts[-1])
+        raw = np.memmap(idx, dtype=np.uint8, mode="r")
+        self._pointers = np.frombuffer(raw, "<i8", self._sequences, pointers.offset)
+        self._entries = np.frombuffer(raw, "<i8", entries, documents.offset)
+        mapped = np.memmap(binary, dtype=self.dtype, mode="r") if bin_bytes else None
+        self._tokens = None if mapped is None else np.asarray(mapped)  # faster to index
+        self._group = functools.lru_cache(maxsize=_CACHED_GROUPS)(self._group_layout)
 
     @classmethod
     def open(cls, path: str | Path, tokenizer: str | Path | None, key: str = "data.path"):
@@ -123,12 +141,24 @@ class MegatronTokens:
             raise IndexError(f"read({start}, {length}) outside [0, {self.num_tokens})")
         if length == 0:
             return np.empty(0, dtype=np.int64)
-        place = np.arange(start, start + length, dtype=np.int64)
-        doc = np.searchsorted(self._vstart, place, side="right") - 1
-        inner = place - self._vstart[doc] - self._front[doc]  # -1: its BOS
-        token = (inner >= 0) & (inner < self._length[doc])
-        out = np.where(inner < 0, self.bos_id, self.eos_id).astype(np.int64)
-        real = (self._start[doc] + inner)[token]  # increasing: one slice of the .bin holds them
+        end, starts = start + length, self._group_starts
+        out = np.empty(length, dtype=np.int64)
+        token = np.zeros(length, dtype=bool)  # read from the .bin (else an added BOS/EOS)
+        places = []
+        first, last = np.searchsorted(starts, [start, end - 1], side="right") - 1
+        for group in range(int(first), int(last) + 1):
+            lo, hi = max(start, int(starts[group])), min(end, int(starts[group + 1]))
+            if lo == hi:  # only empty documents
+                continue
+            doc_start, doc_length, front, vstart = self._group(group)
+            place = np.arange(lo, hi, dtype=np.int64)
+            doc = np.searchsorted(vstart, place, side="right") - 1
+            inner = place - vstart[doc] - front[doc]  # -1: its BOS
+            here = (inner >= 0) & (inner < doc_length[doc])
+            out[lo - start : hi - start] = np.where(inner < 0, self.bos_id, self.eos_id)
+            token[lo - start : hi - start] = here
+            places.append((doc_start[doc] + inner)[here])
+        real = np.concatenate(places)  # increasing: one slice of the .bin holds them
         if len(real):
             lo, hi = int(real[0]), int(real[-1]) + 1
             block = np.asarray(self._tokens[lo:hi], dtype=np.int64)
@@ -146,13 +176,93 @@ class MegatronTokens:
                 "tokenizer this data was made with"
             )
 
+    def _index_groups(
+        self, prefix: Path, documents: _FileArray, pointers: _FileArray, tokens: _FileArray
+    ) -> tuple[np.ndarray, int]:
+        """The stream position of each group's first document, then the stream's end, and
+        the count of documents that hold tokens, with the document index checked to run
+        monotonically from 0 to S on the way (whole groups at a time: bounded memory)."""
+        starts, done, documents_with_tokens = [], 0, 0
+        chunk = _GROUP * max(1, _CHUNK // _GROUP)
+        for lo in range(0, max(self._documents, 1), chunk):
+            hi = min(lo + chunk, self._documents)
+            entries = documents.slice(lo, hi + 1)
+            if (
+                (lo == 0 and entries[0] != 0)
+                or entries[-1] > self._sequences
+                or (hi == self._documents and entries[-1] != self._sequences)
+                or np.any(np.diff(entries) < 0)
+            ):
+                raise _fail(
+                    prefix,
+                    f"has a document index that does not run from 0 up to {self._sequences}",
+                )
+            _, length, front, back = self._layout(entries, pointers, tokens)
+            documents_with_tokens += int(np.count_nonzero(length))
+            place = done + np.concatenate([[0], np.cumsum(front + length + back)])
+            starts.append(place[:-1:_GROUP].copy())  # a view would keep all of place
+            done = int(place[-1])
+        return np.concatenate([*starts, [done]]).astype(np.int64), documents_with_tokens
+
+    def _group_layout(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The documents of group ``group``: their first token in the .bin, their lengths,
+        1 where a BOS is added, and their positions in the stream (one more: the end)."""
+        lo = group * _GROUP
+        entries = self._entries[lo : min(lo + _GROUP, self._documents) + 1]
+        start, length, front, back = self._layout(entries, self._pointers, self._tokens)
+        place = self._group_starts[group] + np.concatenate([[0], np.cumsum(front + length + back)])
+        return start, length, front, place
+
+    def _layout(self, entries: np.ndarray, pointers, tokens) -> tuple[np.ndarray, ...]:
+        """The documents between consecutive document index ``entries``: their first token
+        in the .bin, their lengths, and 1 where a BOS / an EOS is added (0 where the document
+        has it already, and for an empty one). ``pointers`` and ``tokens`` give the .idx's
+        pointers and the .bin's tokens at ascending places (maps, or files read by windows)."""
+        bounds = np.full(len(entries), self._bin_tokens, dtype=np.int64)
+        inside = entries < self._sequences
+        bounds[inside] = pointers[entries[inside]] // self.dtype.itemsize
+        start, length = bounds[:-1], np.diff(bounds)
+        front, back = np.zeros_like(length), np.zeros_like(length)
+        full = np.flatnonzero(length)
+        if len(full):
+            ends = np.column_stack([start[full], start[full] + length[full] - 1])
+            first, last = tokens[ends.ravel()].reshape(-1, 2).T
+            front[full], back[full] = first != self.bos_id, last != self.eos_id
+        return start, length, front, back
+
     def __repr__(self) -> str:
         return f"MegatronTokens({str(self.path)!r}, num_tokens={self.num_tokens:,})"
 
 
-def _read_index(prefix: Path, idx: Path, bin_bytes: int) -> tuple[np.dtype, np.ndarray, np.ndarray]:
-    """The token dtype, and each document's length and first token in the ``.bin``
-    (starts has one more entry: the end), after checking the index against the files."""
+class _FileArray:
+    """An array at byte ``offset`` of an open file, read with file reads: unlike pages touched
+    through a map, which count in the process's memory, nothing read stays resident."""
+
+    def __init__(self, file: BinaryIO, dtype, offset: int):
+        self.file, self.dtype, self.offset = file, np.dtype(dtype), offset
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        """Entries ``[lo, hi)``."""
+        self.file.seek(self.offset + lo * self.dtype.itemsize)
+        return np.fromfile(self.file, dtype=self.dtype, count=hi - lo)
+
+    def __getitem__(self, places: np.ndarray) -> np.ndarray:
+        """The entries at ``places`` (ascending): one read per ``_WINDOW`` bytes that holds
+        some, so scattered places cost neither a read each nor the whole span."""
+        out = np.empty(len(places), dtype=self.dtype)
+        if not len(places):
+            return out
+        window = (places - places[0]) // max(1, _WINDOW // self.dtype.itemsize)
+        cuts = (np.flatnonzero(np.diff(window)) + 1).tolist()
+        for lo, hi in zip([0, *cuts], [*cuts, len(places)], strict=True):
+            first = int(places[lo])
+            out[lo:hi] = self.slice(first, int(places[hi - 1]) + 1)[places[lo:hi] - first]
+        return out
+
+
+def _read_header(prefix: Path, idx: Path) -> tuple[np.dtype, int, int]:
+    """The token dtype, the sequence count S and the document index count D, once the header
+    is valid and the ``.idx`` has the size it implies."""
     size = idx.stat().st_size
     if size < HEADER.size:
         raise _fail(prefix, f"has {size} bytes, fewer than its {HEADER.size}-byte header")
@@ -165,7 +275,6 @@ def _read_index(prefix: Path, idx: Path, bin_bytes: int) -> tuple[np.dtype, np.n
     if code not in DTYPES:
         kind = f"{_FLOATS[code]}, not token ids" if code in _FLOATS else "unknown"
         raise _fail(prefix, f"has dtype code {code} ({kind})")
-    dtype = np.dtype(DTYPES[code])
     body = sequences * 12 + entries * 8
     if entries < 1 or size not in (HEADER.size + body, HEADER.size + body + sequences):
         raise _fail(
@@ -173,47 +282,42 @@ def _read_index(prefix: Path, idx: Path, bin_bytes: int) -> tuple[np.dtype, np.n
             f"has {size} bytes, but its header ({sequences:,} sequences, {entries:,} document "
             f"index entries) needs {HEADER.size + body} (or {sequences:,} more with modes)",
         )
-    raw = np.memmap(idx, dtype=np.uint8, mode="r")
-    offset = HEADER.size
-    lengths = np.frombuffer(raw, dtype="<i4", count=sequences, offset=offset)
-    pointers = np.frombuffer(raw, dtype="<i8", count=sequences, offset=offset + 4 * sequences)
-    documents = np.frombuffer(raw, dtype="<i8", count=entries, offset=offset + 12 * sequences)
-    token_start = _check_sequences(prefix, lengths, pointers, dtype.itemsize, bin_bytes)
-    if documents[0] != 0 or documents[-1] != sequences or np.any(np.diff(documents) < 0):
-        raise _fail(prefix, f"has a document index that does not run from 0 up to {sequences}")
-    starts = token_start[documents]
-    return dtype, np.diff(starts), starts
+    return np.dtype(DTYPES[code]), sequences, entries
 
 
 def _check_sequences(
-    prefix: Path, lengths: np.ndarray, pointers: np.ndarray, itemsize: int, bin_bytes: int
-) -> np.ndarray:
-    """The token offset of every sequence and of the end, once the lengths are non-negative
-    and the pointers lay the sequences end to end over the whole ``.bin``."""
-    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    prefix: Path,
+    lengths: _FileArray,
+    pointers: _FileArray,
+    sequences: int,
+    itemsize: int,
+    bin_bytes: int,
+) -> None:
+    """The lengths are non-negative and the pointers lay the sequences end to end over the
+    whole ``.bin`` (a chunk of them in memory at a time)."""
     done = 0
-    for lo in range(0, len(lengths), _CHUNK):
-        part = lengths[lo : lo + _CHUNK].astype(np.int64)
-        if len(part) and int(part.min()) < 0:
+    for lo in range(0, sequences, _CHUNK):
+        hi = min(lo + _CHUNK, sequences)
+        part = lengths.slice(lo, hi).astype(np.int64)
+        if int(part.min()) < 0:
             raise _fail(prefix, f"has a negative sequence length ({int(part.min())})")
         ends = done + np.cumsum(part)
-        starts[lo + 1 : lo + 1 + len(part)] = ends
-        expected = starts[lo : lo + len(part)] * itemsize
-        wrong = np.flatnonzero(pointers[lo : lo + _CHUNK] != expected)
+        expected = (ends - part) * itemsize
+        found = pointers.slice(lo, hi)
+        wrong = np.flatnonzero(found != expected)
         if len(wrong):
-            k = lo + int(wrong[0])
+            first = int(wrong[0])
             raise _fail(
                 prefix,
-                f"points sequence {k} at byte {int(pointers[k])}, not {int(expected[wrong[0]])} "
-                "(sequences must follow each other in the .bin)",
+                f"points sequence {lo + first} at byte {int(found[first])}, not "
+                f"{int(expected[first])} (sequences must follow each other in the .bin)",
             )
-        done = int(ends[-1]) if len(part) else done
+        done = int(ends[-1])
     if done * itemsize != bin_bytes:
         raise _fail(
             prefix,
             f"describes {done * itemsize:,} bytes of tokens, but the .bin has {bin_bytes:,}",
         )
-    return starts
 
 
 _SAVED: dict[str, list[Path]] = {}
