@@ -133,7 +133,7 @@ def test_context_parallel_errors_in_plan_name_plans_flags():
     """They named yatrain pretrain --nproc-per-node, a flag plan does not have."""
     for gpus, cp, words in [
         ("1", "2", "plan for 2 or a multiple (--gpus 2), or pass --context-parallel 1"),
-        ("6", "4", "does not divide --gpus 6: pass --context-parallel one of 1, 2, 3, 6"),
+        ("6", "4", "does not divide --gpus 6: pass --context-parallel 1 or 2, or plan"),
     ]:
         result = CliRunner().invoke(
             app, ["plan", str(TINY), "--gpus", gpus, "--context-parallel", cp]

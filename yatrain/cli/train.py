@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 # The library (torch and all) is imported inside each command, so that --help, a mistyped
 # command or a bad flag answer at once (tests/integration/test_cli_start.py).
 
+MIN_GPU_GIB = 0.001  # a plan for less than a MiB per GPU is a typo
+
 PLAN_CP = typer.Option(
     None,
     "--context-parallel",
@@ -139,15 +141,13 @@ def plan(
     gpu_memory: float | None = typer.Option(
         None,
         "--gpu-memory",
-        min=0.001,
-        max=MAX_GIB,
-        help="GiB per GPU (default: this GPU's, else 80).",
+        callback=lambda value: gib_flag(value, MIN_GPU_GIB),
+        help=f"GiB per GPU (default: this GPU's, else 80), at most {MAX_GIB}.",
     ),
     runtime_allowance: float | None = typer.Option(
         None,
         "--runtime-allowance",
-        min=0.0,
-        max=MAX_GIB,
+        callback=lambda value: gib_flag(value, 0.0),
         help="GiB kept for CUDA context, NCCL and fragmentation (default: 2 + 5% of memory).",
     ),
     overrides: list[str] = typer.Option(
@@ -170,9 +170,6 @@ def plan(
     from yatrain.plan.limits import ASSUMED_GPU_GIB, local_device
     from yatrain.recipe.load import load_recipe
 
-    for flag, value in (("--gpu-memory", gpu_memory), ("--runtime-allowance", runtime_allowance)):
-        if value is not None and not math.isfinite(value):
-            raise ConfigError(f"{flag} {value}: give a number of GiB")
     overrides = _plan_overrides(overrides, context_parallel, shard_group_size)
     loaded = load_recipe(recipe, overrides)
     check_planned_layout(loaded, gpus, "--shard-group-size N")
@@ -184,6 +181,17 @@ def plan(
         typer.echo(dumps_json(payload))
     else:
         typer.echo(format_plan(result, loaded, recipe, source))
+
+
+def gib_flag(value: float | None, low: float) -> float | None:
+    """A flag's GiB, checked here rather than by a range: NaN passes every comparison, and
+    a range names only the bound it happened to test ("less than or equal to 1048576")."""
+    if value is None or (math.isfinite(value) and low <= value <= MAX_GIB):
+        return value
+    above = " above 0" if low else ""
+    raise typer.BadParameter(
+        f"{value}: it must be a finite number of GiB{above}, from {low:g} to {MAX_GIB}"
+    )
 
 
 def _plan_overrides(

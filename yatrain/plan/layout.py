@@ -19,7 +19,7 @@ from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
 from yatrain.recipe.config import ModelConfig, Recipe
 from yatrain.recipe.schema import build_dataclass, to_dict
-from yatrain.recipe.topology import context_parallel, shard_group_size
+from yatrain.recipe.topology import context_parallel, divisors, shard_group_size
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
@@ -35,7 +35,79 @@ def check_planned_layout(recipe: Recipe, gpus: int, group_fix: str) -> None:
             "'sharding.shard_group_size: auto' is the GPUs per node, which a plan cannot see "
             f"here; pass {group_fix}"
         )
+    _check_planned_context(recipe, gpus)
     context_parallel(recipe, gpus, plan=True)
+    _check_planned_batch(recipe, gpus)
+    _check_planned_group(recipe, gpus)
+
+
+NAMED = 4  # a refusal names at most this many GPU counts or CP sizes: the closest
+
+
+def _either(items: list[int], near: int) -> str:
+    """``1``, ``1 or 2``, ``2, 4 or 8``: of many, the few closest to ``near``."""
+    few = sorted(sorted(items, key=lambda k: (abs(k - near), k))[:NAMED])
+    words = [str(k) for k in few]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _cut_sizes(recipe: Recipe, ranks: int) -> str:
+    """The CP sizes ``ranks`` GPUs can take that also cut the sequence into 2 x CP equal
+    chunks (the recipe's next check, ``checks._check_context_parallel``); 1 always can."""
+    seq, cp = recipe.data.seq_len, recipe.sharding.context_parallel
+    return _either([c for c in divisors(ranks) if c == 1 or seq % (2 * c) == 0], cp)
+
+
+def _check_planned_context(recipe: Recipe, gpus: int) -> None:
+    """A CP size that does not divide the GPUs, and the sizes that would (not every divisor
+    of the GPUs: 131,072 tokens cannot be cut over 3)."""
+    cp = recipe.sharding.context_parallel
+    if gpus == 1 or gpus % cp == 0:  # one GPU: topology's own line (plan for CP GPUs)
+        return
+    raise ConfigError(
+        f"'sharding.context_parallel' {cp} does not divide --gpus {gpus}: pass "
+        f"--context-parallel {_cut_sizes(recipe, gpus)}, or plan for a multiple of {cp} GPUs "
+        "(the world is data x context ranks)"
+    )
+
+
+def _check_planned_group(recipe: Recipe, gpus: int) -> None:
+    """A CP size that does not divide a hybrid shard group, in the planner's words."""
+    group, cp = recipe.sharding.shard_group_size, recipe.sharding.context_parallel
+    if not isinstance(group, int) or gpus % group or group % cp == 0:
+        return  # the world's own check (and topology's lines for a group that does not fit)
+    raise ConfigError(
+        f"'sharding.context_parallel' {cp} does not divide the shard group of {group} GPUs "
+        f"('sharding.shard_group_size' {group}): a window's GPUs must sit in one shard group; "
+        f"pass --context-parallel {_cut_sizes(recipe, group)}"
+    )
+
+
+def _check_planned_batch(recipe: Recipe, gpus: int) -> None:
+    """The global batch must split over the data ranks, as a run's layout checks
+    (``topology.validate_world_size``): a plan for a count that cannot is refused, naming
+    the counts that can."""
+    data, cp = recipe.data, recipe.sharding.context_parallel
+    ranks = gpus // cp
+    per_step = data.micro_batch_size * ranks
+    if data.global_batch_size % per_step == 0:
+        return
+    counts = [d * cp for d in divisors(data.global_batch_size // data.micro_batch_size)]
+    group = recipe.sharding.shard_group_size
+    counts = [c for c in counts if not isinstance(group, int) or c % group == 0]
+    named = f"plan for --gpus {_either(counts, gpus)}, or " if counts else ""
+    lower = data.global_batch_size // per_step * per_step
+    multiples = [lower, lower + per_step] if lower else [per_step, 2 * per_step]
+    over = f"--gpus {gpus}"
+    if cp > 1:
+        over = f"{ranks} data ranks (--gpus {gpus} / --context-parallel {cp})"
+    raise ConfigError(
+        f"'data.global_batch_size' ({data.global_batch_size}) is not divisible by "
+        f"data.micro_batch_size ({data.micro_batch_size}) x {over} = {per_step}, so pretrain "
+        f"would refuse this layout: {named}set "
+        f"data.global_batch_size to a multiple of {per_step} such as "
+        f"{' or '.join(map(str, multiples))}"
+    )
 
 
 def planned_group(recipe: Recipe, world_size: int, shard_group: int | None = None) -> int:

@@ -37,12 +37,18 @@ def explain(plan: MemoryPlan) -> str:
     peak = f"predicted peak {format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per GPU"
     if limit is None:
         return f"{k} of {n} layers checkpointed: {peak} (no memory limit given)"
+    if not plan.fits and not plan.min_gpus and plan.runtime_allowance_bytes >= limit:
+        return (
+            f"does not fit: {allowance_words(plan)} fills the {format_bytes(limit, 'GiB')} per "
+            "GPU before any tensor; lower the allowance or plan for more memory"
+        )
     if not plan.fits:
         need = (
             f"needs {_group_words(plan)}at least {plan.min_gpus} GPUs{_divisor(plan)}"
             f"{_batch_words(plan)}"
             if plan.min_gpus
             else "no GPU count helps: lower data.micro_batch_size or data.seq_len"
+            + (f", or {allowance_words(plan)}" if 2 * plan.runtime_allowance_bytes > limit else "")
         )
         return (
             f"does not fit even with all {n} layers checkpointed ({peak} > "
@@ -53,6 +59,12 @@ def explain(plan: MemoryPlan) -> str:
     return (
         f"checkpoint the first {k} of {n} layers: {peak} of {format_bytes(limit, 'GiB')} ({cost})"
     )
+
+
+def allowance_words(plan: MemoryPlan) -> str:
+    """The runtime allowance, when it alone fills the GPU: no layout or batch helps."""
+    allowance = format_bytes(plan.runtime_allowance_bytes, "GiB")
+    return f"the runtime allowance ({allowance} for CUDA, NCCL, fragmentation; --runtime-allowance)"
 
 
 def _context_words(plan: MemoryPlan) -> str:
