@@ -359,3 +359,18 @@ def test_reduce_staging_budget_accepts_auto_and_mebibytes():
     for value in ("auto", 64, 1.5):
         recipe = recipe_from_dict(set_key(tiny(), "sharding.reduce_staging_mib", value))
         assert recipe.sharding.reduce_staging_mib == value
+
+
+@pytest.mark.parametrize("value", [1e30, 2**20 + 1, 1e-9, 0.0009])
+def test_gpu_memory_gib_is_bounded_as_the_planners_gpu_memory_flag(value):
+    """1e30 planned a 5e28 GiB peak (5% of it kept for fragmentation); 1e-9 planned nothing
+    that fits. The bounds are ``yatrain plan --gpu-memory``'s: 0.001 to 1048576 GiB."""
+    msg = error(set_key(tiny(), "sharding.gpu_memory_gib", value))
+    assert "'sharding.gpu_memory_gib'" in msg, msg
+    assert "0.001" in msg and "1048576" in msg, msg
+
+
+def test_gpu_memory_gib_takes_its_bounds_and_null():
+    for value in (0.001, 80, 2**20, None):
+        recipe = recipe_from_dict(set_key(tiny(), "sharding.gpu_memory_gib", value))
+        assert recipe.sharding.gpu_memory_gib == value

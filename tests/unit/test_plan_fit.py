@@ -119,3 +119,29 @@ def test_the_fewest_gpus_named_is_the_smallest_count_that_fits_and_splits_the_ba
     assert fitting == [32] and slots % 32 == 0  # no count from 8 to 31 fits
     assert min_gpus_to_fit(r, 8, limit, None) == 32
     assert plan_memory(r, 8, limit).min_gpus == 32
+
+
+def test_auto_that_no_layer_count_fits_the_memory_set_is_refused_on_a_cpu(monkeypatch):
+    """``sharding.gpu_memory_gib`` 0.5 on a CPU: auto logged "does not fit even with all
+    layers checkpointed" and trained anyway (the fit check compares with RAM, of which there
+    was plenty). A GPU of that memory refuses the run; so does a CPU planning for one."""
+    r = recipe("tiny", "sharding.activation_checkpoint_layers=auto", "sharding.gpu_memory_gib=0.5")
+    layout = job_layout(r, 1, 1)
+    assert plan_memory(r, 1, GIB // 2).fits is False  # the independent expectation
+    monkeypatch.setattr(budget_module, "available_ram", lambda: 64 * GIB)
+    budget = memory_budget(r, CPU, layout)
+    said: list[str] = []
+    with pytest.raises(ConfigError) as caught:
+        start_plan(r, layout, budget, True, said.append)
+    message = str(caught.value)
+    assert "\n" not in message and "does not fit" in message
+    assert "sharding.gpu_memory_gib (0.50 GiB)" in message and "--no-fit-check" in message
+    assert start_plan(r, layout, budget, False, said.append) == r.model.n_layers  # unchecked
+    gpu = recipe("tiny", "sharding.activation_checkpoint_layers=auto")
+    with pytest.raises(ConfigError, match="does not fit"):  # a 0.5 GiB GPU: the same refusal
+        start_plan(gpu, layout, half_gib_gpu(), True, said.append)
+
+
+def half_gib_gpu() -> MemoryBudget:
+    limit, source = GIB // 2, "NVIDIA (0.5 GiB)"
+    return MemoryBudget(limit, source, limit, source, None, limit)

@@ -18,6 +18,7 @@ from yatrain.errors import ConfigError
 from yatrain.plan.budget import MemoryBudget
 from yatrain.plan.limits import plan_auto
 from yatrain.plan.memory import MemoryPlan, plan_for_layers
+from yatrain.plan.report import explain
 from yatrain.plan.search import plan_memory
 from yatrain.recipe.config import Recipe
 from yatrain.recipe.topology import JobLayout
@@ -40,6 +41,13 @@ def start_plan(
         say(line)
     else:
         layers = setting
+    if fit and plan is not None and plan.fits is False and not budget.fit_is_auto_plan:
+        raise ConfigError(  # a CPU planning for a GPU it set (a GPU's own check is below)
+            f"sharding.activation_checkpoint_layers auto plans against {budget.source} "
+            f"({format_bytes(budget.limit, 'GiB')}) and this run {explain(plan)}; raise or "
+            "unset sharding.gpu_memory_gib (a CPU's fit check then compares with its RAM), "
+            "--no-fit-check skips this check"
+        )
     if not fit or budget.have is None:
         return layers
     if plan is None or not budget.fit_is_auto_plan:

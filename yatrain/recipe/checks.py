@@ -13,6 +13,10 @@ from pathlib import Path
 from yatrain.errors import ConfigError
 from yatrain.recipe.config import STAGING_MIN_MIB, DataConfig, Recipe
 
+# The GiB per device a plan can be for: ``yatrain plan --gpu-memory``'s bounds (a MiB to a
+# PiB); beyond them a value is a typo, and 5% of 1e30 GiB is a fragmentation allowance.
+GPU_GIB_MIN, GPU_GIB_MAX = 0.001, 2**20
+
 
 def check_shapes(r: Recipe) -> None:
     """Cross-field checks: shapes the model or the batching cannot satisfy (first one wins)."""
@@ -71,6 +75,18 @@ def check_shapes(r: Recipe) -> None:
     _check_sources(data)
     _check_context_parallel(r)
     _check_staging(r)
+    _check_gpu_memory(r)
+
+
+def _check_gpu_memory(r: Recipe) -> None:
+    """``sharding.gpu_memory_gib`` within ``--gpu-memory``'s bounds."""
+    gib = r.sharding.gpu_memory_gib
+    if gib is not None and not GPU_GIB_MIN <= gib <= GPU_GIB_MAX:
+        raise ConfigError(
+            f"'sharding.gpu_memory_gib' ({gib:g}) must be from {GPU_GIB_MIN} to {GPU_GIB_MAX} "
+            "GiB per device (as yatrain plan --gpu-memory); set the GPU's memory, e.g. 80, or "
+            "null to plan against the device's own"
+        )
 
 
 def _check_context_parallel(r: Recipe) -> None:
