@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 from conftest import FAST, ROOT
 from test_failures import one_line_error, yatrain
 
+from yatrain.errors import ConfigError
 from yatrain.output.charts import LINES
 from yatrain.output.html_report import write_report
 from yatrain.recipe.load import load_recipe
@@ -39,7 +42,7 @@ def test_report_of_two_runs_is_one_self_contained_page(two_runs, tmp_path):
     done, live = two_runs
     page = write_report([done, live], tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        [f"{c}.png" for c in CHARTS] + ["report.html"]
+        [f"{c}.png" for c in CHARTS] + ["report.html", ".yatrain-report"]
     )
     text = page.read_text()
     assert len(re.findall(r'<img alt="[a-z_]+" src="data:image/png;base64,', text)) == len(CHARTS)
@@ -81,3 +84,65 @@ def test_the_html_report_renders_in_headless_chromium(two_runs, tmp_path):
     assert [alt for alt, *_ in images] == CHARTS
     assert all(complete and width > 0 for _, complete, width in images), images
     assert errors == []
+
+
+def _tree(folder):
+    """Every entry under ``folder`` with its bytes (a link as its target): what a refusal
+    must leave as it was."""
+    return {
+        str(p.relative_to(folder)): (str(p.readlink()) if p.is_symlink() else p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_symlink() or p.is_file()
+    }
+
+
+def test_a_report_into_a_directory_of_other_files_is_refused_untouched(
+    two_runs, isolated_env, tmp_path
+):
+    done, _ = two_runs
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.html").write_text("my own page")
+    (mine / "loss.png").write_bytes(b"my own chart")
+    before = _tree(mine)
+    result = yatrain("report", str(done), "--output", str(mine), env=isolated_env)
+    one_line_error(result, f"--output {mine}", "did not write", "new or empty directory")
+    assert _tree(mine) == before
+
+
+def test_the_default_report_directory_of_other_files_is_refused(two_runs, isolated_env, tmp_path):
+    """Several runs report into ./report by default: a user's report.html there is kept."""
+    done, live = two_runs
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report/report.html").write_text("my own page")
+    command = [sys.executable, "-m", "yatrain", "report", str(done), str(live)]
+    result = subprocess.run(
+        command, env=isolated_env, cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    one_line_error(result, "report", "did not write")
+    assert _tree(tmp_path / "report") == {"report.html": b"my own page"}
+
+
+def test_a_report_output_that_is_a_link_is_refused(two_runs, isolated_env, tmp_path):
+    done, _ = two_runs
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").symlink_to(elsewhere)
+    result = yatrain("report", str(done), "--output", str(tmp_path / "out"), env=isolated_env)
+    one_line_error(result, f"--output {tmp_path / 'out'}", "symbolic link")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_report_replaces_its_own_earlier_report(two_runs, tmp_path):
+    done, live = two_runs
+    out = tmp_path / "out"
+    write_report([done], out)
+    first = (out / "report.html").read_text()
+    write_report([done, live], out)
+    assert (out / "report.html").read_text() != first  # replaced: both runs now
+    names = {p.name for p in out.iterdir()}
+    assert names == {f"{c}.png" for c in CHARTS} | {"report.html", ".yatrain-report"}
+    (out / "notes.txt").write_text("mine")  # a file of the user's joins: no longer ours alone
+    with pytest.raises(ConfigError, match="notes.txt"):
+        write_report([done], out)
+    assert (out / "notes.txt").read_text() == "mine"

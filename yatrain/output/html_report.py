@@ -6,21 +6,32 @@ is left out), draws the charts (``charts``) and writes ``report.html`` with the 
 inside it as data URIs, a table per run (the summary the console prints at the end, plus
 the step-time breakdown and the slowest rank) and, where a run stopped on a hang, its hang
 report: a file that opens with no network and no other file beside it.
+
+A report replaces only its own files: the output directory must be new, empty, or one
+that a report made (``.yatrain-report`` lists the files it wrote there). One that holds
+anything else, or that is a symbolic link, is refused in one line before anything is read
+or written; each file goes in by rename, so a link inside is replaced, never followed.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import os
 import shutil
 from pathlib import Path
 
 from yatrain.errors import ConfigError
-from yatrain.files import make_directory, write_whole
-from yatrain.output.charts import Runs, draw_charts
+from yatrain.files import make_directory, no_follow, write_whole
+from yatrain.output.charts import LINES, Runs, draw_charts
 from yatrain.output.console import BREAKDOWN, format_summary, run_summary
 from yatrain.output.record import MetricsRecord, read_metrics
 from yatrain.runtime.hang import hang_dir
+
+MARKER = ".yatrain-report"  # the files a report wrote in its directory, one a line
+_HEADER = "# written by yatrain report: the next report here replaces these files\n"
+PAGE = "report.html"
+OWN = [*(f"{stem}.png" for stem, *_ in LINES), "step_time.png", PAGE]  # what a report writes
 
 
 def read_run(run_dir: Path) -> list[MetricsRecord]:
@@ -39,11 +50,14 @@ def read_run(run_dir: Path) -> list[MetricsRecord]:
 
 def write_report(run_dirs: list[Path], out_dir: Path) -> Path:
     """The PNGs and ``report.html`` in ``out_dir``, each written whole; returns the HTML
-    file's path. A report that fails leaves no directory it created."""
+    file's path. A report that fails leaves no directory it created; one into a directory
+    holding files it did not write is refused first (ConfigError)."""
+    earlier = _own_files(out_dir)
     labels = _labels(run_dirs)
     runs: Runs = {label: read_run(d) for label, d in zip(labels, run_dirs, strict=True)}
     created = make_directory(out_dir, "--output")
     try:
+        write_whole(out_dir / MARKER, _HEADER + "".join(f"{n}\n" for n in sorted(earlier | {*OWN})))
         images = draw_charts(runs, out_dir)
         sections = [
             _run_section(label, d, runs[label]) for label, d in zip(labels, run_dirs, strict=True)
@@ -55,11 +69,46 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Path:
         )
         title = "yatrain report: " + ", ".join(labels)
         page = _PAGE.format(title=html.escape(title), figures=figures, sections="\n".join(sections))
-        return write_whole(out_dir / "report.html", page)
+        return write_whole(out_dir / PAGE, page)
     except BaseException:
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
+
+
+def _own_files(out_dir: Path) -> set[str]:
+    """The files an earlier report wrote in ``out_dir`` (none when it is new or empty);
+    ConfigError naming the problem when it is a link or holds anything else."""
+    if out_dir.is_symlink():
+        raise ConfigError(
+            f"--output {out_dir} is a symbolic link (to {os.readlink(out_dir)}): a report "
+            "does not write through links; name a new directory"
+        )
+    if not out_dir.is_dir():
+        return set()  # new (a file in the way is make_directory's line)
+    entries = sorted(entry.name for entry in out_dir.iterdir())
+    own = _listed(out_dir / MARKER) if MARKER in entries else set()
+    foreign = [name for name in entries if name != MARKER and name not in own]
+    if foreign:
+        raise ConfigError(
+            f"--output {out_dir} holds {foreign[0]}"
+            + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")
+            + ", which yatrain report did not write: a report replaces only its own files; "
+            "choose a new or empty directory"
+        )
+    return own
+
+
+def _listed(marker: Path) -> set[str]:
+    """The names a report's marker lists (nothing when it is a link or unreadable: then
+    every file there counts as someone else's)."""
+    try:
+        with open(marker, encoding="utf-8", opener=no_follow) as file:
+            text = file.read(1 << 16)
+    except (OSError, ConfigError, UnicodeDecodeError):
+        return set()
+    names = {line for line in text.splitlines() if line and not line.startswith("#")}
+    return {name for name in names if "/" not in name and name not in (".", "..", MARKER)}
 
 
 def _labels(run_dirs: list[Path]) -> list[str]:
