@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_data_scale.py                 # 1e9 .. 1.5e13 tokens
     .venv/bin/python scripts/bench_data_scale.py --tokens 1e9 1e11
+    .venv/bin/python scripts/bench_data_scale.py --baseline 4926443  # beside an older yatrain
 
 For each size a sparse corpus is written (``prepare-data``'s 50M tokens a file, zeros, no
 disk used: ``yatrain/testing/sparse_corpus.py``); then a fresh process imports yatrain and
@@ -9,13 +10,16 @@ torch, and becomes the last rank of ``recipes/llama3_70b.yaml`` at world 256 (se
 builds its loader through ``build_loader`` (what ``pretrain`` calls) and reads its first
 batch. Printed per size: the seconds from after the imports to the first batch, and the peak
 RSS beyond the RSS after the imports. Target: both flat across the range (the largest within
-1.2x of the smallest, give or take the manifest's parse) and under 2 s and 300 MiB.
+1.2x of the smallest) and under 2 s and 300 MiB. ``--baseline REV`` runs the same rank with
+the yatrain of git revision REV beside it, up to ``--baseline-max-tokens`` (the code before
+the lazy files and the per-index order needs 8 bytes a window and a file handle a file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,38 +32,51 @@ WORLD, RANK = 256, 255
 RECIPE = REPO / "recipes" / "llama3_70b.yaml"
 
 _RANK = """
-import json, resource, sys, time
+import json, sys, time
 import torch  # the imports a rank has anyway
 from yatrain.data.build import build_loader
 from yatrain.recipe.load import load_recipe
 
-def rss_mib():
+def status_mib(key):
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
 
 recipe = load_recipe(sys.argv[1], [f"data.path={sys.argv[2]}"])
-base = rss_mib()
+base = status_mib("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")  # the high-water mark restarts here
 began = time.perf_counter()
 loader = build_loader(recipe.data, seed=recipe.train.seed, rank=int(sys.argv[3]),
                       world_size=int(sys.argv[4]))
 batches = loader.next_batch()
 seconds = time.perf_counter() - began
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": seconds, "peak_mib": peak - base, "windows": loader.num_windows,
+peak = status_mib("VmHWM") - base
+print(json.dumps({"seconds": seconds, "peak_mib": peak, "windows": loader.num_windows,
                   "micro_batches": len(batches), "shape": list(batches[0].inputs.shape)}))
 """
 
 
-def measure(data: Path) -> dict:
+def measure(data: Path, package_root: Path = REPO) -> dict:
+    """One rank's start-up in a fresh process, importing yatrain from ``package_root``."""
     done = subprocess.run(
         [sys.executable, "-c", _RANK, str(RECIPE), str(data), str(RANK), str(WORLD)],
         capture_output=True,
         text=True,
         check=True,
-        cwd=REPO,
+        cwd=package_root,  # `python -c` puts the working directory first on sys.path
+        env={**os.environ, "PYTHONPATH": str(package_root)},
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def checkout(revision: str, into: Path) -> Path:
+    """The ``yatrain`` package of git ``revision``, extracted under ``into``."""
+    into.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", revision, "yatrain"], cwd=REPO, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def main() -> None:
@@ -68,6 +85,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", nargs="*", type=float, default=[1e9, 1e10, 1e11, 1e12, 1.5e13])
+    parser.add_argument("--baseline", help="a git revision to measure beside this one")
+    parser.add_argument("--baseline-max-tokens", type=float, default=1e12)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="yatrain-data-scale-") as scratch:
         root = Path(scratch)
@@ -76,8 +95,12 @@ def main() -> None:
         print(
             f"rank {RANK} of {WORLD}, {RECIPE.name} (seq 8192), {TOKENS_PER_FILE:,} tokens a file"
         )
-        print("| tokens | files | windows | write s | start to first batch s | peak RSS MiB |")
-        print("|--:|--:|--:|--:|--:|--:|")
+        baseline = checkout(args.baseline, root / "baseline") if args.baseline else None
+        extra = f" | {args.baseline} s | {args.baseline} MiB" if baseline else ""
+        print(
+            f"| tokens | files | windows | write s | start to first batch s | peak RSS MiB{extra} |"
+        )
+        print("|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if baseline else ""))
         rows = []
         for tokens in args.tokens:
             files = max(1, round(tokens / TOKENS_PER_FILE))
@@ -87,9 +110,19 @@ def main() -> None:
             written = time.perf_counter() - began
             result = measure(data)
             rows.append(result)
+            old = ""
+            if baseline is not None and tokens <= args.baseline_max_tokens:
+                try:
+                    then = measure(data, baseline)
+                    old = f" {then['seconds']:.3f} | {then['peak_mib']:.1f} |"
+                except subprocess.CalledProcessError as failed:
+                    last = (failed.stderr.strip().splitlines() or ["?"])[-1][:60]
+                    old = f" failed: {last} | |"
+            elif baseline is not None:
+                old = " not run | not run |"
             print(
                 f"| {files * TOKENS_PER_FILE:.3g} | {files:,} | {result['windows']:,} | "
-                f"{written:.1f} | {result['seconds']:.3f} | {result['peak_mib']:.1f} |",
+                f"{written:.1f} | {result['seconds']:.3f} | {result['peak_mib']:.1f} |{old}",
                 flush=True,
             )
             for file in data.iterdir():  # inodes back before the next size
