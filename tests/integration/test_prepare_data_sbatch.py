@@ -111,8 +111,10 @@ def test_submit_makes_the_array_and_the_merge_that_waits_for_it(tmp_path, isolat
     assert parts.endswith("part 8 /shared/web --input /shared/raw --tokenizer t")
     assert "--dependency=afterany:701 " in merge and merge.endswith("merge /shared/web")
     assert "job 701" in done.stdout and "job 702" in done.stdout
-    bad = _script(env, "submit", "0", "/shared/web")
-    assert bad.returncode == 2 and "positive number of parts" in bad.stderr
+    for count in ("0", "100000", "99999999999999999999"):
+        bad = _script(env, "submit", count, "/shared/web")
+        assert bad.returncode == 2 and "from 1 to 99999" in bad.stderr, bad.stderr
+    assert len(log.read_text().splitlines()) == 2  # nothing more submitted
 
 
 def test_shard_and_merge_flags_refuse_what_cannot_work(tmp_path, isolated_env):

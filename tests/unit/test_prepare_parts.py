@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from tokenizer_fixtures import sample_texts
 
-from yatrain.data import Corpus, TokenShards, prepare_data, train_tokenizer
+from yatrain.data import Corpus, TokenShards, partition, prepare_data, train_tokenizer
 from yatrain.data.merge import merge_parts
 from yatrain.data.partition import plan_parts
-from yatrain.data.parts import prepare_part
+from yatrain.data.parts import parse_shard, prepare_part
 from yatrain.errors import DataError
 
 OPTIONS = dict(progress=False, workers=1, shard_tokens=700, val_fraction=0.0)
@@ -106,3 +106,29 @@ def test_merging_a_one_machine_output_is_refused_and_changes_nothing(tmp_path, m
     with pytest.raises(DataError, match="holds a one-machine prepare-data output, not parts to"):
         merge_parts(out)
     assert _tree(out) == before
+
+
+def test_the_number_of_parts_is_bounded_by_the_five_digit_part_names():
+    assert parse_shard("99998/99999") == (99998, 99999)
+    for text in ("0/100000", "0/99999999999999999999"):
+        with pytest.raises(DataError, match=r"at most 99,999 parts \(part folders are numbered"):
+            parse_shard(text)
+
+
+def test_a_task_looks_only_at_its_own_two_cuts(tmp_path, monkeypatch):
+    """A task of N parts reads the inputs at two cuts, not N - 1: a job of N tasks costs
+    O(N), not O(N^2); and its pieces are those of the whole plan."""
+    lines = [json.dumps({"text": f"doc {i:04d} " + "y" * (i % 13)}) + "\n" for i in range(900)]
+    _jsonl(tmp_path / "in" / "a.jsonl", lines[:500])
+    _jsonl(tmp_path / "in" / "b.jsonl", lines[500:])
+    files = Corpus([tmp_path / "in"]).files
+    whole = plan_parts(files, 40)
+    real, looked = partition._cut, []
+    monkeypatch.setattr(partition, "_cut", lambda *a: looked.append(a) or real(*a))
+    for index in (0, 17, 39):
+        looked.clear()
+        assert partition.part_pieces(files, 40, index) == whole[index]
+        assert len(looked) <= 2
+    looked.clear()
+    partition.part_pieces(files, 10**8, 12345)
+    assert len(looked) <= 2

@@ -32,7 +32,8 @@ _SHARD = typer.Option(
     None,
     "--shard",
     help="I/N: tokenize only part I (0-based) of N into OUTPUT/parts, one task of a "
-    "cluster job (needs --tokenizer); then --merge OUTPUT.",
+    "cluster job (needs --tokenizer); then --merge OUTPUT. N is at most 99999 (part "
+    "folders are numbered in 5 digits); OUTPUT holds nothing but what prepare-data writes.",
 )
 _MERGE = typer.Option(
     None, "--merge", help="Check the N parts under DIR/parts and write DIR's manifest."
@@ -54,7 +55,9 @@ _MERGE = typer.Option(
 )
 def prepare_data(
     output: Path | None = typer.Option(
-        None, "--output", help="New directory for the tokenized data."
+        None,
+        "--output",
+        help="New directory for the tokenized data, outside every --input directory.",
     ),
     inputs: list[Path] = _INPUTS,
     tokenizer: Path | None = _TOKENIZER,
@@ -133,16 +136,27 @@ def _part(output: Path, inputs: list[Path], tokenizer: Path | None, shard: str, 
     typer.echo(f"wrote part {index}/{count} of {output}: {_summary(manifest)}")
 
 
+def _count(number: int, thing: str) -> str:
+    """``1 document``, ``2 documents``."""
+    return f"{number:,} {thing}{'' if number == 1 else 's'}"
+
+
 def _summary(manifest: dict) -> str:
     skipped, val = manifest["skipped_bad_records"], manifest["validation"]
     return (
-        f"{manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} documents"
+        f"{_count(manifest['num_tokens'], 'token')}, "
+        f"{_count(manifest['num_documents'], 'document')}"
         + (
-            f" (+ {val['num_tokens']:,} tokens, {val['num_documents']:,} documents held out)"
+            f" (+ {_count(val['num_tokens'], 'token')}, "
+            f"{_count(val['num_documents'], 'document')} held out)"
             if val
             else ", no validation split"
         )
         + f", {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
-        + (f", {skipped:,} bad records skipped" if skipped else "")
-        + (f", {empty:,} empty documents dropped" if (empty := manifest["empty_documents"]) else "")
+        + (f", {skipped:,} bad records skipped" if skipped else "")  # pinned by test_inputs
+        + (
+            f", {_count(empty, 'empty document')} dropped"
+            if (empty := manifest["empty_documents"])
+            else ""
+        )
     )

@@ -1,108 +1,200 @@
 """``prepare-data --merge DIR``: the parts of a partitioned run joined into one data set.
 
 The merge checks that every part ``0 .. N-1`` under ``DIR/parts`` is complete (renamed into
-place, its token files of the sizes its manifest says), and that all were made from the same
-plan (the inputs), options and tokenizer. It then writes ``DIR/manifest.json`` whose file
-lists are the parts' token files in part order (paths like
-``parts/part-00000-of-00008/tokens-00000.bin``): no token byte is copied or moved, only the
-tokenizer's files are copied next to the manifest. The parts hold consecutive runs of the
-one-machine document order, each split by content into training and held-out documents, so
-the merged streams are those of one ``prepare-data`` over the same inputs.
+place, its token files of the sizes its manifest says), that each folder holds the part its
+name says, that all were made from the same plan (the inputs), options and tokenizer (when
+they disagree, the side with fewer parts is the one to redo), and that each part ends where
+the next begins. It then writes ``DIR/manifest.json`` whose file lists are the parts' token
+files in part order (paths like ``parts/part-00000-of-00008/tokens-00000.bin``): no token
+byte is copied or moved, only the tokenizer's files are copied next to the manifest. The
+parts hold consecutive runs of the one-machine document order, each split by content into
+training and held-out documents, so the merged streams are those of one ``prepare-data``
+over the same inputs.
+
+DIR holds only what prepare-data writes there (``parts.check_part_output``), and the merge
+writes its files whole, never through a link, never over a file it did not write. A merge
+run again checks everything again: a part lost since is named with the command that redoes
+it, and prepare-data may redo it into the merged DIR.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
+from collections import Counter
 from pathlib import Path
 
-from yatrain.data.parts import PARTS, different, part_command, part_name
+from yatrain.data.parts import (
+    FINAL,
+    PARTS,
+    TEMPORARY,
+    check_part_output,
+    comparable,
+    differ,
+    different,
+    foreign,
+    part_command,
+    part_name,
+)
 from yatrain.data.prepare import check_tokens
-from yatrain.data.shards import FORMAT, MANIFEST, TokenShards, has_validation, load_manifest
+from yatrain.data.shards import FORMAT, MANIFEST, TokenShards, load_manifest, split_entry
+from yatrain.data.tokenizer import file_sha256
 from yatrain.errors import DataError
+from yatrain.files import write_whole
 
-_FINAL = re.compile(r"part-(\d{5})-of-(\d{5})")
-_TEMPORARY = re.compile(r"\.tmp-part-(\d{5})-of-(\d{5})-[0-9a-f]+")
+_ITEMSIZE = {"uint16": 2, "uint32": 4}
 
 
 def merge_parts(output: Path) -> dict:
     """Check the parts under ``output`` and write its manifest (see the module docstring)."""
     output = Path(output)
-    if (output / MANIFEST).is_file():
-        manifest = load_manifest(output)
-        if isinstance(manifest.get("parts"), dict):
-            print(f"{output} is already merged: nothing to do")
-            return manifest
-        raise DataError(f"{output} holds a one-machine prepare-data output, not parts to merge")
-    folder = output / PARTS
-    found = sorted(folder.iterdir()) if folder.is_dir() else []
-    finals = {p.name: p for p in found if _FINAL.fullmatch(p.name)}
+    existing = None
+    if (output / MANIFEST).is_file() and not (output / MANIFEST).is_symlink():
+        existing = load_manifest(output)
+        if not isinstance(existing.get("parts"), dict):
+            raise DataError(f"{output} holds a one-machine prepare-data output, not parts to merge")
+    none = DataError(
+        f"no complete part under {output / PARTS}: run `yatrain prepare-data --output "
+        f"{output} ... --shard I/N` for every part I of N first (scripts/prepare_data.sbatch)"
+    )
+    if not (output / PARTS).is_dir():
+        raise none
+    check_part_output(output)
+    finals, killed = _part_folders(output)
     if not finals:
-        raise DataError(
-            f"no complete part under {folder}: run `yatrain prepare-data --output {output} "
-            "... --shard I/N` for every part I of N first (scripts/prepare_data.sbatch)"
-        )
-    parts = [_open_part(path) for path in finals.values()]
-    first_path, first = parts[0]
-    info = first["part"]
-    count = info["count"]
-    for path, manifest in parts[1:]:
-        differs = different(manifest, info, first["tokenizer_sha256"])
-        if differs:
-            command = part_command(info["options"], output, manifest["part"]["index"], count)
-            raise DataError(
-                f"part {path} does not belong with {first_path} ({differs} differ): delete it "
-                f"and run `{command}`"
-            )
-    _check_all_present(output, found, finals, info)
-    manifest = _merged(output, [m for _, m in parts], info)
-    for name in first["tokenizer_files"]:
-        shutil.copyfile(first_path / name, output / name)
-    tmp = output / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, output / MANIFEST)
+        raise none
+    parts = [_open_part(path, index, count) for path, (index, count) in finals.items()]
+    reference = _reference(output, parts)
+    info = reference["part"]
+    _check_all_present(output, set(finals.values()), killed, info)
+    parts.sort(key=lambda p: p[1]["part"]["index"])
+    _check_contiguous(output, [m for _, m in parts], info)
+    manifest = _merged([m for _, m in parts], info)
+    source = next(path for path, m in parts if m is reference)
+    _copy_tokenizer(source, output, reference)
+    if manifest == existing:
+        print(f"{output} is already merged ({info['count']} parts checked): nothing to do")
+    else:
+        write_whole(output / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     TokenShards.open(output, verify_checksums=False)  # the loader accepts what was written
     return manifest
 
 
-def _open_part(path: Path) -> tuple[Path, dict]:
-    """A complete part's manifest, its token files checked against it (sizes, tokenizer)."""
+def _part_folders(output: Path) -> tuple[dict[Path, tuple[int, int]], set[tuple[int, int]]]:
+    """The complete parts' folders (index and count by their names), and the (index, count)
+    of those a killed task left; anything else under ``parts/`` is refused."""
+    folder = output / PARTS
+    finals, killed = {}, set()
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        final, temporary = FINAL.fullmatch(path.name), TEMPORARY.fullmatch(path.name)
+        if path.is_symlink() or not path.is_dir() or not (final or temporary):
+            raise foreign(path, output)
+        if final:
+            finals[path] = (int(final[1]), int(final[2]))
+        else:
+            killed.add((int(temporary[1]), int(temporary[2])))
+    return finals, killed
+
+
+def _open_part(path: Path, index: int, count: int) -> tuple[Path, dict]:
+    """A complete part's manifest, checked against its folder's name and its token files
+    (that they are there, of the sizes it gives)."""
     if not (path / MANIFEST).is_file():
         raise DataError(
             f"{path} has no {MANIFEST}, so it is not a complete part (a part is renamed into "
             "place only once complete): delete it and run its task again"
         )
-    manifest = load_manifest(path)
+    manifest = load_manifest(path, part=True)
     part = manifest.get("part")
     if not isinstance(part, dict) or not isinstance(part.get("count"), int):
         raise DataError(
             f"{path} was not written by `prepare-data --shard` (no part record in its "
             f"{MANIFEST}): move it out of {path.parent}"
         )
-    TokenShards.open(path, verify_checksums=False)
-    if has_validation(manifest):
-        TokenShards.open(path, verify_checksums=False, split="validation")
+    if (part.get("index"), part["count"]) != (index, count):
+        command = part_command(part["options"], path.parent.parent, index, count)
+        raise DataError(
+            f"{path} holds part {part.get('index')}/{part['count']} by its {MANIFEST}, not "
+            f"{index}/{count} as its name says (copied or renamed?): delete it and run "
+            f"`{command}`"
+        )
+    itemsize = _ITEMSIZE[manifest["dtype"]]
+    for split in ("train", "validation"):
+        for entry in (split_entry(manifest, split) or {"files": []})["files"]:
+            file = path / entry["name"]
+            size = file.lstat().st_size if file.is_file() and not file.is_symlink() else None
+            if size != entry["num_tokens"] * itemsize:
+                raise DataError(
+                    f"token file {file} is missing or not of the size its part's {MANIFEST} "
+                    f"gives: delete {path} and run its task again"
+                )
     return path, manifest
 
 
-def _check_all_present(output: Path, found: list[Path], finals: dict, info: dict) -> None:
+def _signature(manifest: dict) -> str:
+    part = manifest["part"]
+    return json.dumps(
+        [
+            part["count"],
+            part.get("plan_sha256"),
+            comparable(part.get("options")),
+            manifest.get("tokenizer_sha256"),
+        ],
+        sort_keys=True,
+    )
+
+
+def _reference(output: Path, parts: list[tuple[Path, dict]]) -> dict:
+    """The manifest of a part of the majority (the inputs, options and tokenizer most parts
+    were made with); parts made otherwise are refused in one line naming the minority."""
+    sides = Counter(_signature(m) for _, m in parts)
+    if len(sides) == 1:
+        return parts[0][1]
+    (most, most_count), (other, other_count) = sides.most_common(2)
+
+    def members(signature: str) -> list[tuple[Path, dict]]:
+        return [(p, m) for p, m in parts if _signature(m) == signature]
+
+    keep, redo = members(most), members(other)
+    reference = keep[0][1]
+    what = differ(different(redo[0][1], reference["part"], reference["tokenizer_sha256"]))
+    if most_count == other_count:
+        raise DataError(
+            f"parts disagree ({what}): {_named(keep)} and {_named(redo)}: keep the side made "
+            "with the inputs and options you want, delete the other side's parts and redo them "
+            "with `prepare-data --shard` and those"
+        )
+    path, manifest = redo[0]
+    count, several = reference["part"]["count"], len(redo) > 1
+    index = manifest["part"]["index"]
+    if manifest["part"]["count"] != count:
+        fix = f"delete {'them' if several else 'it'} ({path}{', ...' if several else ''})"
+    else:
+        command = part_command(reference["part"]["options"], output, index, count)
+        them = f"{path} and the others" if several else path
+        fix = f"delete {them} and run `{command}`" + (
+            f" (the same with --shard I/{count} for each)" if several else ""
+        )
+    raise DataError(
+        f"{_named(redo)} {'do' if several else 'does'} not belong with the other "
+        f"{len(keep)} ({what}): {fix}"
+    )
+
+
+def _named(parts: list[tuple[Path, dict]]) -> str:
+    indices = [m["part"]["index"] for _, m in parts]
+    label = "part" if len(indices) == 1 else f"{len(indices)} parts"
+    return f"{label} {_listed(indices)}"
+
+
+def _check_all_present(
+    output: Path, finals: set[tuple[int, int]], killed: set[tuple[int, int]], info: dict
+) -> None:
     """Every part 0..N-1 is there: one line naming the missing or killed ones otherwise."""
     count = info["count"]
-    stray = [name for name in finals if name.rsplit("-", 1)[1] != f"{count:05d}"]
-    if stray:
-        raise DataError(
-            f"{output / PARTS / stray[0]} is a part of another partition than "
-            f"{count} parts: delete it"
-        )
-    killed = {
-        int(m[1]) for p in found if (m := _TEMPORARY.fullmatch(p.name)) and int(m[2]) == count
-    }
-    missing = [i for i in range(count) if part_name(i, count) not in finals]
+    missing = [i for i in range(count) if (i, count) not in finals]
     if missing:
         i = missing[0]
-        state = "was stopped while being written" if i in killed else "is missing"
+        state = "was stopped while being written" if (i, count) in killed else "is missing"
         more = f" (and {len(missing) - 1} more: {_listed(missing[1:])})" if len(missing) > 1 else ""
         raise DataError(
             f"part {i}/{count} ({output / PARTS / part_name(i, count)}) {state}{more}: run "
@@ -111,14 +203,48 @@ def _check_all_present(output: Path, found: list[Path], finals: dict, info: dict
         )
 
 
+def _check_contiguous(output: Path, parts: list[dict], info: dict) -> None:
+    """Each part ends where the next begins (the inputs did not change between tasks)."""
+    for before, after in zip(parts, parts[1:], strict=False):
+        end, start = before["part"].get("cuts", [0, 0])[1], after["part"].get("cuts", [0, 0])[0]
+        if end != start:
+            index = after["part"]["index"]
+            raise DataError(
+                f"part {index - 1}/{info['count']} ends at {end} but part {index} starts at "
+                f"{start} (an input changed between their tasks): delete both parts and run "
+                f"`{part_command(info['options'], output, index, info['count'])}` and the same "
+                f"with --shard {index - 1}/{info['count']}"
+            )
+
+
+def _copy_tokenizer(source: Path, output: Path, reference: dict) -> None:
+    """The parts' tokenizer files next to the manifest, written whole; one already there
+    must be the very same file (a merge that stopped), else nothing is written."""
+    names = reference["tokenizer_files"]
+    for name in names:
+        target = output / name
+        if target.exists() and (source / name).read_bytes() != target.read_bytes():
+            raise DataError(
+                f"{target} is not the parts' tokenizer (prepare-data did not write it): move "
+                f"it out of {output} and rerun the merge"
+            )
+    if file_sha256(source / names[0]) != reference["tokenizer_sha256"]:
+        raise DataError(
+            f"{source / names[0]} does not match its part's tokenizer_sha256: delete {source} "
+            "and run its task again"
+        )
+    for name in names:
+        if not (output / name).exists():
+            write_whole(output / name, (source / name).read_bytes())
+
+
 def _listed(indices: list[int]) -> str:
     shown = ", ".join(str(i) for i in indices[:10])
     return shown + (", ..." if len(indices) > 10 else "")
 
 
-def _merged(output: Path, parts: list[dict], info: dict) -> dict:
+def _merged(parts: list[dict], info: dict) -> dict:
     """The manifest of the whole data set: the parts' files and counts, in part order."""
-    parts = sorted(parts, key=lambda m: m["part"]["index"])
     first = parts[0]
 
     def split(entries: list[dict]) -> dict:

@@ -107,28 +107,47 @@ def plan_parts(
 ) -> list[list[Piece]]:
     """The pieces of each of ``parts`` parts, in order (see the module docstring);
     ``split_text``: whether ``.txt`` files may be cut (not when bad records are skipped)."""
+    return [part_pieces(files, parts, i, split_text) for i in range(parts)]
+
+
+def part_pieces(
+    files: list[tuple[Path, bool]], parts: int, index: int, split_text: bool = True
+) -> list[Piece]:
+    """The pieces of part ``index`` of ``parts`` alone: only its two cuts are looked at, so
+    a task's plan costs the same for any number of parts. The cuts are monotone in ``k``
+    (each lands at or after the one before), so part ``index`` lies between cut ``index``
+    and cut ``index + 1`` exactly as in the whole plan."""
+    return _between(*part_cuts(files, parts, index, split_text))
+
+
+def part_cuts(
+    files: list[tuple[Path, bool]], parts: int, index: int, split_text: bool = True
+) -> tuple[tuple[int, int], tuple[int, int], dict[int, str], dict[int, int]]:
+    """Part ``index``'s first and end cut as (file, position in that file's units), with the
+    kinds and lengths of the files they fall in."""
     sizes = [path.stat().st_size for path, _ in files]
     starts = [0]
     for size in sizes:
         starts.append(starts[-1] + size)
-    total = starts[-1]
     kinds: dict[int, str] = {}
     ends: dict[int, int] = {}  # a cut file's length in its own units
-    cuts = [(0, 0)]  # (file, position in that file's units): parts lie between cuts
-    for k in range(1, parts):
-        target = k * total // parts
+
+    def cut(k: int) -> tuple[int, int]:
+        if k == 0:
+            return (0, 0)
+        if k == parts:
+            return (len(files), 0)
+        target = k * starts[-1] // parts
         f = bisect.bisect_right(starts, target) - 1
         while f < len(files) and sizes[f] == 0:  # zero-size files hold no cut
             f += 1
         if f >= len(files):
-            cut = (len(files), 0)
-        else:
-            kind, position = _cut(files[f][0], target - starts[f], sizes[f], split_text)
-            kinds[f], ends[f] = kind, _length(files[f][0], kind, sizes[f])
-            cut = (f, position)
-        cuts.append(max(cut, cuts[-1]))
-    cuts.append((len(files), 0))
-    return [_between(cuts[i], cuts[i + 1], kinds, ends) for i in range(parts)]
+            return (len(files), 0)
+        kind, position = _cut(files[f][0], target - starts[f], sizes[f], split_text)
+        kinds[f], ends[f] = kind, _length(files[f][0], kind, sizes[f])
+        return (f, position)
+
+    return cut(index), cut(index + 1), kinds, ends
 
 
 def _length(path: Path, kind: str, size: int) -> int:
@@ -156,10 +175,13 @@ def _between(
     return pieces
 
 
-def plan_sha256(files: list[tuple[Path, bool]], plan: list[list[Piece]]) -> str:
-    """Identifies the inputs (names, sizes) and the plan: equal on every task of one job."""
+def plan_sha256(files: list[tuple[Path, bool]], parts: int, split_text: bool) -> str:
+    """Identifies the inputs (names, sizes) and the partition: equal on every task of one
+    job. (The cuts a task found are recorded in its part and checked by the merge: each
+    part must end where the next begins.)"""
     described = {
         "files": [[str(path), path.stat().st_size, explicit] for path, explicit in files],
-        "parts": [[piece.to_json() for piece in part] for part in plan],
+        "parts": parts,
+        "split_text": split_text,
     }
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()

@@ -6,13 +6,16 @@ as they fill. ``val_fraction`` of the documents (chosen by their content, ``spli
 go to a validation split instead, which a trained tokenizer never sees. Everything is built
 in a hidden temporary directory that is renamed into place only when the manifest is
 written; any failure removes it, and so does SIGTERM or Ctrl-C (the CLI turns SIGTERM into an
-interrupt): the workers end and one line says so. The temporary directory holds a lock while
-it is in use, so the ones of an earlier run that was killed are recognised and removed.
+interrupt): the workers end and one line says so; a full disk is named with the output. The
+temporary directory holds a lock while it is in use, so the ones of an earlier run that was
+killed are recognised and removed. An output that is a link, or lies inside an input
+directory, is refused before any work.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -36,6 +39,7 @@ from yatrain.errors import DataError, Interrupted
 
 _LISTED_FILES = 5  # skipped files named in the summary line (the manifest has them all)
 _TMP_LOCK = ".prepare.lock"  # held in the temporary directory while it is being written
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 def prepare_data(
@@ -65,6 +69,7 @@ def prepare_data(
     output = Path(output)
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
+    check_outside_inputs(output, inputs)
     workers = _check_arguments(
         output,
         tokenizer,
@@ -99,12 +104,34 @@ def build_into(output: Path, build: Callable[[Path], dict]) -> dict:
         raise Interrupted(
             f"prepare-data stopped; nothing was written (removed {tmp.name}): rerun it"
         ) from None
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if error.filename is not None or error.errno not in _DISK_FULL:
+            raise
+        raise OSError(error.errno, error.strerror, str(output)) from None  # which disk
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         os.close(lock)
     return manifest
+
+
+class OutputAppeared(DataError):
+    """The output was made by someone else while this run prepared it."""
+
+
+def check_outside_inputs(output: Path, inputs: list[Path] | None) -> None:
+    """An output inside an input directory is refused: a rerun (or a later part) would read
+    its token files as documents."""
+    where = Path(os.path.abspath(output)).resolve()
+    for path in inputs or []:
+        folder = Path(os.path.abspath(path)).resolve()
+        if folder.is_dir() and where.is_relative_to(folder):
+            raise DataError(
+                f"--output {output} is inside --input {path}: its files would be read as "
+                f"input; choose an --output outside {path}"
+            )
 
 
 def _check_arguments(
@@ -125,6 +152,12 @@ def _check_arguments(
         raise DataError("--bos-token/--eos-token choose tokens of an existing --tokenizer")
     if shard_tokens < 1:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
+    if output.is_symlink():
+        raise DataError(
+            f"output {output} is a symbolic link (to {os.readlink(output)}): prepare-data "
+            "writes a new directory and never through a link; pass the directory it points "
+            "to, or another new path"
+        )
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DataError(f"output {output} already exists: choose another directory or delete it")
     return check_workers(workers)
@@ -161,7 +194,7 @@ def _move_into_place(tmp: Path, output: Path) -> None:
     try:
         os.rename(tmp, output)  # atomic; replaces ``output`` only if it is an empty dir
     except OSError:
-        raise DataError(
+        raise OutputAppeared(
             f"output {output} appeared while preparing data: choose another directory"
         ) from None
 

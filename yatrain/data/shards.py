@@ -20,6 +20,7 @@ under ``parts/``; its manifest names them by their path below the directory.
 
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -204,19 +205,43 @@ def _rebuild(path: Path) -> str:
     return f"re-run `yatrain prepare-data` into a new directory to rebuild {path}"
 
 
-def load_manifest(path: Path) -> dict:
-    """The checked manifest of the data directory ``path``."""
+def load_manifest(path: Path, part: bool = False) -> dict:
+    """The checked manifest of the data directory ``path``; one part of a data set prepared
+    in parts (``prepare-data --shard``) is not a data set to use (only the merge, ``part``,
+    reads one)."""
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise DataError(_no_data(path))
-    return _load_manifest(path / MANIFEST)
+    manifest = _load_manifest(path / MANIFEST)
+    record = manifest.get("part")
+    if isinstance(record, dict) and not part:
+        root = path.parent.parent if path.parent.name == "parts" else path.parent
+        raise DataError(
+            f"{path} is part {record.get('index')}/{record.get('count')} of a data set "
+            f"prepared in parts (prepare-data --shard), not the whole: run `yatrain "
+            f"prepare-data --merge {root}` once every part is done and use {root}"
+        )
+    return manifest
 
 
 def _no_data(path: Path) -> str:
-    """What to run when ``path`` is not a tokenized data directory: raw documents are
-    tokenized into a new directory next to them (prepare-data never writes into one)."""
+    """What to run when ``path`` is not a tokenized data directory: parts not merged yet
+    are merged; raw documents are tokenized into a new directory next to them
+    (prepare-data never writes into one)."""
+    if (path / "parts").is_dir() and any((path / "parts").glob("part-*-of-*")):
+        return (
+            f"{path} holds parts of a data set (prepare-data --shard) but was not merged: "
+            f"run `yatrain prepare-data --merge {path}` once every part is done"
+        )
     if path.is_file() or (path.is_dir() and any(path.iterdir())):
-        out = path.with_name(f"{path.stem if path.is_file() else path.name}-tokenized")
+        named = path.resolve() if path.name in ("", "..") else path
+        stem = named.stem if path.is_file() else named.name
+        if not stem:  # the root directory: no directory beside it to suggest
+            return (
+                f"{path} is not tokenized data (it has no {MANIFEST}): pass a directory "
+                "that `yatrain prepare-data` wrote"
+            )
+        out = named.with_name(f"{stem}-tokenized")
         return (
             f"{path} is not tokenized data (it has no {MANIFEST}): tokenize it with `yatrain "
             f"prepare-data --input {path} --output {out} --tokenizer TOKENIZER` (the training "
@@ -285,18 +310,28 @@ def _load_manifest(file: Path) -> dict:
     return manifest
 
 
-def _inside(name: str) -> bool:
-    """A token file's name is a relative path below the data directory (a merged data set
-    names its parts' files ``parts/PART/tokens-NNNNN.bin``), never ``..`` or absolute."""
-    return all(piece and not piece.startswith(".") for piece in name.split("/"))
+# A token file's name is a relative path below the data directory (a merged data set names
+# its parts' files ``parts/PART/tokens-NNNNN.bin``): no piece empty or starting with a dot,
+# so never ``..``, hidden or absolute. One regular expression: 300,000 names in milliseconds.
+_INSIDE = re.compile(r"(?:[^/.][^/]*/)*[^/.][^/]*")
+
+
+def _valid_entry(entry: object) -> bool:
+    if type(entry) is not dict:
+        return False
+    name, count = entry.get("name"), entry.get("num_tokens")
+    return (
+        type(name) is str
+        and type(count) is int  # not a bool
+        and count > 0
+        and type(entry.get("sha256")) is str
+        and _INSIDE.fullmatch(name) is not None
+    )
 
 
 def _check_files(file: Path, part: dict, fix: str) -> None:
-    for entry in part["files"]:
-        ok = isinstance(entry, dict) and isinstance(entry.get("name"), str)
-        ok = ok and isinstance(entry.get("num_tokens"), int) and entry["num_tokens"] > 0
-        ok = ok and isinstance(entry.get("sha256"), str) and _inside(entry["name"])
-        if not ok:
-            raise DataError(f"{file} has an invalid files entry {entry!r}: {fix}")
+    bad = next((entry for entry in part["files"] if not _valid_entry(entry)), None)
+    if bad is not None:
+        raise DataError(f"{file} has an invalid files entry {bad!r}: {fix}")
     if sum(e["num_tokens"] for e in part["files"]) != part["num_tokens"]:
         raise DataError(f"{file}: num_tokens differs from the sum over its files: {fix}")
