@@ -5,7 +5,9 @@ rules decide where the model sees a document boundary (see ``readers``): a JSONL
 parquet row, a blank-line-separated block of a ``.txt`` file, or a whole other text file.
 
 Directories are walked recursively in sorted order (hidden entries and ``__pycache__``
-skipped), so the same inputs always give the same documents in the same order. Files in a
+skipped), so the same inputs always give the same documents in the same order. A linked
+directory inside one is followed, as a linked file is read; a directory reached twice (a
+link loop) or one that cannot be listed stops the run with one line. Files in a
 directory that are not text (binaries, non-UTF-8) are skipped and listed; a file named
 explicitly must be readable. Bad records stop the run with one line naming them, or are
 skipped and counted (``skip_bad_records``).
@@ -75,10 +77,7 @@ def expand_inputs(paths: list[Path]) -> list[tuple[Path, bool]]:
     files: list[tuple[Path, bool]] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = []
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
-                found += [Path(dirpath, f) for f in filenames if not f.startswith(".")]
+            found = _walk(path)
             found.sort(key=lambda p: p.relative_to(path).as_posix())
             files += [(f, False) for f in found]
         elif path.is_file():
@@ -86,6 +85,33 @@ def expand_inputs(paths: list[Path]) -> list[tuple[Path, bool]]:
         else:
             raise DataError(f"input {path} does not exist: check the --input path")
     return files
+
+
+def _walk(root: Path) -> list[Path]:
+    """The files below ``root``, linked directories followed like linked files; a directory
+    reached twice (a link loop, or two links to one directory) or one that cannot be listed
+    is refused in one line, never skipped."""
+    seen: dict[tuple[int, int], Path] = {}
+    found: list[Path] = []
+
+    def refuse(error: OSError) -> None:
+        raise DataError(
+            f"cannot list {error.filename} ({error.strerror}): fix its permissions or move it "
+            f"out of --input {root}"
+        )
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=refuse, followlinks=True):
+        status = os.stat(dirpath)
+        key = (status.st_dev, status.st_ino)
+        if key in seen:
+            raise DataError(
+                f"{dirpath} is the directory {seen[key]} again (a link loop, or two links to "
+                f"it): its files would be read twice; remove the link at {dirpath}"
+            )
+        seen[key] = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+        found += [Path(dirpath, f) for f in filenames if not f.startswith(".")]
+    return found
 
 
 @dataclass
