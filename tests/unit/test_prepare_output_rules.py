@@ -226,3 +226,11 @@ def test_the_summary_counts_one_document_in_the_singular():
     said = _summary(manifest)
     assert "1 token," in said and "1 document," in said
     assert "1 empty document dropped" in said and "1 tokens" not in said
+
+
+def test_the_progress_line_counts_one_document_in_the_singular(tmp_path, model, capsys):
+    one = tmp_path / "one.md"
+    one.write_text("a single document of a few words")
+    prepare_data(tmp_path / "out", [one], tokenizer=model, **OPTIONS)
+    said = capsys.readouterr().err
+    assert "tokenized 1 document into" in said and "1 documents" not in said

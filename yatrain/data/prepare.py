@@ -286,7 +286,7 @@ def tokenize(
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     workers = options.workers
     print(
-        f"tokenized {done.train.num_documents + done.val.num_documents:,} documents into "
+        f"tokenized {_count(done.train.num_documents + done.val.num_documents, 'document')} into "
         f"{done.num_tokens:,} tokens in {done.seconds:.1f}s ({done.tokens_per_s:,.0f} tokens/s, "
         f"{workers} worker{'s' if workers > 1 else ''}), {len(done.train.files)} file(s)"
         f"{_held_out(done, options.val_fraction)}{_skipped(stats)}",
@@ -306,6 +306,11 @@ def check_tokens(total: int, train: int, val_fraction: float) -> None:
         )
 
 
+def _count(number: int, thing: str) -> str:
+    """``1 document``, ``2 documents``."""
+    return f"{number:,} {thing}{'' if number == 1 else 's'}"
+
+
 def _held_out(done: Tokenized, val_fraction: float) -> str:
     if val_fraction == 0:
         return "; no validation split (--val-fraction 0)"
@@ -315,7 +320,7 @@ def _held_out(done: Tokenized, val_fraction: float) -> str:
             "validation split"
         )
     return (
-        f"; held out {done.val.num_documents:,} documents ({done.val.num_tokens:,} tokens) "
+        f"; held out {_count(done.val.num_documents, 'document')} ({done.val.num_tokens:,} tokens) "
         "as the validation split"
     )
 
