@@ -145,3 +145,40 @@ def test_auto_that_no_layer_count_fits_the_memory_set_is_refused_on_a_cpu(monkey
 def half_gib_gpu() -> MemoryBudget:
     limit, source = GIB // 2, "NVIDIA (0.5 GiB)"
     return MemoryBudget(limit, source, limit, source, None, limit)
+
+
+def cpu_refusal(r, world: int, local: int, ram: int, monkeypatch) -> str:
+    monkeypatch.setattr(budget_module, "available_ram", lambda: ram)
+    layout = job_layout(r, world, local)
+    with pytest.raises(ConfigError) as caught:
+        start_plan(r, layout, memory_budget(r, CPU, layout), True, lambda line: None)
+    message = str(caught.value)
+    assert "\n" not in message and "this run does not fit" in message
+    return message
+
+
+def test_a_cpu_run_is_told_the_micro_batch_that_fits_not_more_devices(monkeypatch):
+    """Llama 3.2 1B in micro-batches of 4 on one process with 24 GiB of RAM: the fit check
+    said "use at least 2 devices", and a second rank on this machine shares the same RAM."""
+    r = recipe("llama3_2_1b", "data.micro_batch_size=4")
+    assert plan_memory(r, 1, 24 * GIB, 0).min_gpus == 2  # what a GPU run would be told
+    message = cpu_refusal(r, 1, 1, 24 * GIB, monkeypatch)
+    assert "devices" not in message and "share" in message
+    named = message.split("set data.micro_batch_size=")[1]
+    micro, layers = int(named.split()[0]), int(named.split("activation_checkpoint_layers=")[1][:2])
+    assert micro == 2, message
+    smaller = recipe("llama3_2_1b", f"data.micro_batch_size={micro}")
+    assert plan_for_layers(smaller, 1, layers, 24 * GIB, 0).fits  # what it names fits
+    assert not plan_for_layers(smaller, 1, layers - 1, 24 * GIB, 0).fits  # and is the fewest
+
+
+def test_a_cpu_run_whose_state_alone_does_not_fit_is_told_machines_not_devices(monkeypatch):
+    """Llama 3 8B on 4 ranks of one machine with 88 GiB: each has 22 GiB and the state
+    alone needs more; more ranks here do not help, more machines like it would."""
+    r = recipe("llama3_8b", "sharding.activation_checkpoint_layers=32")
+    fewest = plan_memory(r, 4, 22 * GIB, 0).min_gpus
+    assert fewest is not None
+    message = cpu_refusal(r, 4, 4, 88 * GIB, monkeypatch)
+    assert "devices" not in message and "share" in message
+    assert f"at least {-(-fewest // 4)} machines like this one (4 ranks each)" in message
+    assert "micro_batch_size" not in message  # no micro-batch helps

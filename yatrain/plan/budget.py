@@ -28,6 +28,7 @@ class MemoryBudget:
     have_source: str  # where ``have`` comes from
     allowance: int | None  # the runtime's share the fit adds: None = the planner's; 0 = none
     staging: int | None  # what ``sharding.reduce_staging_mib: auto`` is a share of
+    shares_ram: bool = False  # ``have`` is a machine's RAM shared by its ranks (a CPU)
 
     @property
     def fit_is_auto_plan(self) -> bool:
@@ -44,7 +45,7 @@ def memory_budget(recipe: Recipe, device: torch.device, layout: JobLayout) -> Me
     ram, local = available_ram(), layout.local_world_size
     have = None if ram is None else ram // max(local, 1)
     have_source = "available RAM" + (f" / {local} local ranks" if local > 1 else "")
-    return MemoryBudget(limit, source, have, have_source, 0, staging)
+    return MemoryBudget(limit, source, have, have_source, 0, staging, shares_ram=True)
 
 
 def available_ram() -> int | None:

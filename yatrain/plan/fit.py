@@ -21,7 +21,7 @@ from yatrain.plan.memory import MemoryPlan, plan_for_layers
 from yatrain.plan.report import explain
 from yatrain.plan.search import plan_memory
 from yatrain.recipe.config import Recipe
-from yatrain.recipe.topology import JobLayout
+from yatrain.recipe.topology import JobLayout, divisors
 
 
 def start_plan(
@@ -54,13 +54,14 @@ def start_plan(
         args = (budget.have, budget.allowance, budget.staging)
         plan = plan_for_layers(recipe, world, layers, *args, shard_group=group)
     if not plan.fits:
+        local = layout.local_world_size if budget.shares_ram else None
         raise ConfigError(
             f"this run does not fit: the planner predicts a peak of "
             f"{format_bytes(plan.peak_bytes_per_gpu, 'GiB')} per device ({layers} of "
             f"{recipe.model.n_layers} layers checkpointed, {world} device(s)) and "
             f"{format_bytes(budget.have, 'GiB')} is available ({budget.have_source}): "
-            f"{fit_advice(recipe, world, budget.have, budget.allowance, group)}; `yatrain plan` "
-            "shows the breakdown, --no-fit-check skips this check"
+            f"{fit_advice(recipe, world, budget.have, budget.allowance, group, local)}; "
+            "`yatrain plan` shows the breakdown, --no-fit-check skips this check"
         )
     return layers
 
@@ -71,9 +72,12 @@ def fit_advice(
     have: int,
     allowance: int | None,
     shard_group: int | None = None,
+    ram_ranks: int | None = None,
 ) -> str:
     """What would make it fit, by the planner: more checkpointed layers, the document
-    mask's longest sequence, context parallelism, more devices, or a smaller micro-batch."""
+    mask's longest sequence, context parallelism, more devices, or a smaller micro-batch.
+    ``ram_ranks``: on a CPU, the ranks that share this machine's RAM (more of them do not
+    add any: ``ram_advice``)."""
     best = plan_memory(recipe, world_size, have, allowance, shard_group=shard_group)
     if best.fits:
         return (
@@ -93,11 +97,87 @@ def fit_advice(
         return context
     if best.min_gpus is not None and best.shard_group_size < world_size:
         return f"use sharding.shard_group_size of at least {best.min_gpus} (or unset it)"
+    if ram_ranks is not None:
+        fewest = best.min_gpus
+        return ram_advice(recipe, world_size, have, allowance, ram_ranks, fewest, shard_group)
     if best.min_gpus is not None:
         per_step = best.batch_for_min_gpus()
         batch = f" and data.global_batch_size a multiple of {per_step}" if per_step else ""
         return f"use at least {best.min_gpus} devices with all layers checkpointed{batch}"
     return "lower data.micro_batch_size or data.seq_len (no device count helps)"
+
+
+def ram_advice(
+    recipe: Recipe,
+    world_size: int,
+    have: int,
+    allowance: int | None,
+    ram_ranks: int,
+    min_ranks: int | None,
+    shard_group: int | None = None,
+) -> str:
+    """What helps a CPU run: its ranks share the machine's RAM, so more of them on it add
+    none. The largest micro-batch that fits (with the fewest checkpointed layers), else a
+    shorter sequence, else more machines like this one."""
+    share = "ranks on one machine share its RAM, so more of them do not help"
+    micro = largest_micro_batch(recipe, world_size, have, allowance, shard_group)
+    if micro is not None:
+        data = dataclasses.replace(recipe.data, micro_batch_size=micro)
+        candidate = dataclasses.replace(recipe, data=data)
+        plan = plan_memory(candidate, world_size, have, allowance, shard_group=shard_group)
+        return (
+            f"{share}: set data.micro_batch_size={micro} and "
+            f"sharding.activation_checkpoint_layers={plan.activation_checkpoint_layers}"
+        )
+    machines = (
+        f"run on at least {-(-min_ranks // ram_ranks)} machines like this one "
+        f"({ram_ranks} rank{'s' * (ram_ranks > 1)} each)"
+        if min_ranks is not None
+        else ""
+    )
+    shortest = dataclasses.replace(
+        recipe.data, micro_batch_size=1, seq_len=2 * recipe.sharding.context_parallel
+    )
+    state_only = dataclasses.replace(recipe, data=shortest)
+    n = recipe.model.n_layers
+    if plan_for_layers(state_only, world_size, n, have, allowance, shard_group=shard_group).fits:
+        return (
+            f"{share}: set data.micro_batch_size=1, sharding.activation_checkpoint_layers="
+            f"{n} and a shorter data.seq_len{', or ' + machines if machines else ''}"
+        )
+    if machines:
+        return (
+            f"its state alone does not fit here and {share}: {machines}, or train a smaller model"
+        )
+    return f"its state alone does not fit here and {share}: train a smaller model"
+
+
+def largest_micro_batch(
+    recipe: Recipe,
+    world_size: int,
+    have: int,
+    allowance: int | None,
+    shard_group: int | None = None,
+) -> int | None:
+    """The largest micro-batch below the recipe's that still splits its global batch over
+    the data ranks and fits with all layers checkpointed (a bisection: the peak only grows
+    with the micro-batch); None if none does."""
+    data, n = recipe.data, recipe.model.n_layers
+    ranks = world_size // recipe.sharding.context_parallel
+    if data.global_batch_size % ranks:
+        return None
+    sizes = [m for m in divisors(data.global_batch_size // ranks) if m < data.micro_batch_size]
+
+    def fits(micro: int) -> bool:
+        small = dataclasses.replace(recipe, data=dataclasses.replace(data, micro_batch_size=micro))
+        args = (have, allowance)
+        return bool(plan_for_layers(small, world_size, n, *args, shard_group=shard_group).fits)
+
+    low, high = 0, len(sizes)  # sizes[:low] fit, sizes[high:] do not
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if fits(sizes[mid]) else (low, mid)
+    return sizes[low - 1] if low else None
 
 
 def longest_masked_window(
