@@ -7,7 +7,10 @@ Nothing read here can run code: our checkpoints go through ``open_checkpoint`` (
 unpickling, checksums), Hugging Face weights are read from safetensors only (never
 ``pytorch_model.bin``, a pickle), and a ``config.json`` we cannot honour is refused.
 An export is written to ``.tmp-OUT-PID-XXXX`` and renamed when complete; one left by a killed
-export is removed by the next export to the same place.
+export is removed by the next export to the same place. It is never written inside a
+checkpoint or a directory of checkpoints (a run's ``checkpoints/``): the run's rotation
+(``checkpoint.keep``) deletes old checkpoints with whatever they hold, and a save replaces
+``step-N`` and removes ``.tmp-step-*`` there.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from yatrain.checkpoint.manifest import SavedCheckpoint, open_checkpoint
+from yatrain.checkpoint.manifest import (
+    MANIFEST,
+    CorruptCheckpoint,
+    SavedCheckpoint,
+    complete_checkpoints,
+    open_checkpoint,
+    reading,
+)
 from yatrain.checkpoint.store import iter_full_weights
 from yatrain.common import DTYPES, GIB
 from yatrain.data import export_tokenizer
@@ -55,10 +65,18 @@ def export_hf(
             f"--output {output} is a symbolic link (to {os.readlink(output)}): name a new "
             "directory, or the directory it points to"
         )
+    _outside_rotation(checkpoint, output)
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: name a new directory")
     if output.exists() and any(output.iterdir()):
         raise ConfigError(f"{output} already exists and is not empty: choose another --output")
+    with reading(checkpoint):  # a running job's rotation may delete it meanwhile
+        _export(checkpoint, output, dtype, verify)
+    return output
+
+
+def _export(checkpoint: Path, output: Path, dtype: str | None, verify: bool) -> None:
+    """Write the export into a temporary directory beside ``output``, renamed when whole."""
     saved = open_checkpoint(checkpoint, verify=verify)
     cfg = saved.model
     dtype = dtype or default_export_dtype(cfg, saved.manifest.get("dtype", "fp32"))
@@ -74,7 +92,7 @@ def export_hf(
         weight_map, total = _write_safetensors(saved, DTYPES[dtype], tmp)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-        bos, eos = _copy_tokenizer(checkpoint, tmp)
+        bos, eos = _copy_tokenizer(saved, tmp)
         (tmp / "config.json").write_text(json.dumps(hf.hf_config(cfg, dtype, bos, eos), indent=1))
         (tmp / "generation_config.json").write_text(
             json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=1)
@@ -91,7 +109,24 @@ def export_hf(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return output
+
+
+def _outside_rotation(checkpoint: Path, output: Path) -> None:
+    """ConfigError when ``output`` (links resolved) is a checkpoint, inside one, or inside a
+    directory of checkpoints: a run's rotation would delete it, or a save replace it."""
+    target = output.resolve()
+    for folder in [target, *target.parents]:
+        if (folder / MANIFEST).is_file():
+            what, root = f"the checkpoint {folder}", folder.parent
+        elif complete_checkpoints(folder):
+            what, root = f"{folder}, a directory of checkpoints", folder
+        else:
+            continue
+        raise ConfigError(
+            f"--output {output} is inside {what}, which a running job's checkpoint.keep "
+            "rotation deletes with all it holds: export to a directory outside it, e.g. "
+            f"{root.parent / f'hf-{checkpoint.name}'}"
+        )
 
 
 def default_export_dtype(cfg: ModelConfig, trained: str) -> str:
@@ -172,6 +207,10 @@ def _os_error(error: SafetensorError, path: Path) -> Exception:
     return OSError(number, os.strerror(number), str(path))
 
 
-def _copy_tokenizer(checkpoint: Path, folder: Path) -> tuple[int, int]:
-    """The checkpoint's tokenizer in Hugging Face form; (BOS, EOS), Llama's 1, 2 without one."""
-    return export_tokenizer(checkpoint, folder) or (1, 2)
+def _copy_tokenizer(saved: SavedCheckpoint, folder: Path) -> tuple[int, int]:
+    """The checkpoint's tokenizer in Hugging Face form; (BOS, EOS), Llama's 1, 2 for a
+    checkpoint saved without one (one whose manifest lists it must still hold it)."""
+    found = export_tokenizer(saved.path, folder)
+    if found is None and {"tokenizer.json", "tokenizer.model"} & set(saved.manifest["files"]):
+        raise CorruptCheckpoint(f"checkpoint {saved.path} is missing its tokenizer")
+    return found or (1, 2)

@@ -7,12 +7,18 @@ reads a checkpoint) go through it. In order, cheapest first: the manifest agains
 (types and required fields, so nothing later trips on a wrong type), every listed file's
 presence and size, DCP's ``.metadata`` through the restricted unpickler (``safe_load``: a
 pickle that would run code is refused), the model, and last the checksums (``verify``).
+
+A reader of a running job's checkpoints (``eval``, ``generate``, ``export``) can lose the
+checkpoint mid-read to the job's rotation (``checkpoint.keep``): ``reading`` names that as
+what happened, with the checkpoint to read instead, rather than as damage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +72,37 @@ def complete_checkpoints(root: Path) -> list[Path]:
         if suffix.isascii() and suffix.isdigit() and (path / MANIFEST).is_file():
             found.append((int(suffix), path))
     return [p for _, p in sorted(found, reverse=True)]
+
+
+class CheckpointRemoved(CheckpointError):
+    """A checkpoint deleted or moved away while it was being read."""
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Read the checkpoint at ``path`` inside this block: an error raised once a file that was
+    there when it began is gone (the directory deleted or moved, as a running job's rotation
+    does) becomes one ``CheckpointRemoved`` line naming the newest checkpoint beside it."""
+    path = Path(path)
+    try:
+        present = [entry.name for entry in path.iterdir()]
+    except OSError:  # not there (or not a directory): the reader's own checks say so
+        present = []
+    try:
+        yield
+    except Exception as error:
+        if not present or all((path / name).exists() for name in present):
+            raise
+        raise CheckpointRemoved(_removed(path)) from error
+
+
+def _removed(path: Path) -> str:
+    newest = next((p for p in complete_checkpoints(path.parent) if p != path), None)
+    instead = f"the newest now is {newest}" if newest else "point at one that is still there"
+    return (
+        f"checkpoint {path} was removed while it was being read (a running job's "
+        f"checkpoint.keep rotation deletes older checkpoints): read another; {instead}"
+    )
 
 
 def open_checkpoint(

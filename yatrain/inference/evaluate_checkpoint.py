@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
+from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint, reading
 from yatrain.checkpoint.store import checkpoint_tokenizer, dcp_mesh, load_weights
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe.config import Recipe
@@ -42,44 +42,53 @@ def evaluate_checkpoint(
     (rank 0)."""
     runtime = init_runtime()
     try:
-        saved = _open(Path(path), runtime)
-        recipe = saved_recipe(saved)  # evaluated without context parallelism (any world)
-        recipe = dataclasses.replace(
-            recipe, sharding=dataclasses.replace(recipe.sharding, context_parallel=1)
-        )
-        if batches is not None:
-            recipe = dataclasses.replace(
-                recipe, eval=dataclasses.replace(recipe.eval, batches=batches)
-            )
-        if data is None:
-            _check_recipe_data(recipe)
-        tokenizer = checkpoint_tokenizer(saved.path)
-        facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
-        # any world evaluates: its ranks split the windows, padding the last micro-batches
-        layout = job_layout(recipe, runtime.world_size, runtime.local_world_size, batch=False)
-        evaluator = build_evaluator(recipe, runtime, layout, facts, data_dir=data, force=True)
-        notes = [f"evaluating {saved.path} on {evaluator.describe()}", *evaluator.short_notices()]
-        for line in notes if runtime.is_main else []:
-            say(line)
-        model, engine = build_model_and_engine(
-            inference_recipe(recipe, saved), runtime, layout=layout, init=_NO_INIT
-        )
-        load_weights(saved.path, engine, dcp_mesh(runtime))
-        result = evaluator.evaluate(model)
-        return {
-            "checkpoint": str(saved.path),
-            "step": saved.step,
-            **{k: v for k, v in result.record_fields().items() if k != "val_sources"},
-            **{f"val_loss/{name}": loss for name, loss in result.by_source.items()},
-            "val_windows": result.windows,
-            "seq_len": recipe.data.seq_len,
-            "data": [part.held.describe() for part in evaluator.parts],
-            "dtype": recipe.train.dtype,
-            "world_size": runtime.world_size,
-            "seconds": result.seconds,
-        }
+        with reading(Path(path)):  # a running job's rotation may delete it meanwhile
+            return _evaluate(Path(path), runtime, data, batches, say)
     finally:
         runtime.shutdown()
+
+
+def _evaluate(
+    path: Path,
+    runtime: Runtime,
+    data: Path | None,
+    batches: int | None,
+    say: Callable[[str], None],
+) -> dict:
+    saved = _open(path, runtime)
+    recipe = saved_recipe(saved)  # evaluated without context parallelism (any world)
+    recipe = dataclasses.replace(
+        recipe, sharding=dataclasses.replace(recipe.sharding, context_parallel=1)
+    )
+    if batches is not None:
+        recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, batches=batches))
+    if data is None:
+        _check_recipe_data(recipe)
+    tokenizer = checkpoint_tokenizer(saved.path)
+    facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
+    # any world evaluates: its ranks split the windows, padding the last micro-batches
+    layout = job_layout(recipe, runtime.world_size, runtime.local_world_size, batch=False)
+    evaluator = build_evaluator(recipe, runtime, layout, facts, data_dir=data, force=True)
+    notes = [f"evaluating {saved.path} on {evaluator.describe()}", *evaluator.short_notices()]
+    for line in notes if runtime.is_main else []:
+        say(line)
+    model, engine = build_model_and_engine(
+        inference_recipe(recipe, saved), runtime, layout=layout, init=_NO_INIT
+    )
+    load_weights(saved.path, engine, dcp_mesh(runtime))
+    result = evaluator.evaluate(model)
+    return {
+        "checkpoint": str(saved.path),
+        "step": saved.step,
+        **{k: v for k, v in result.record_fields().items() if k != "val_sources"},
+        **{f"val_loss/{name}": loss for name, loss in result.by_source.items()},
+        "val_windows": result.windows,
+        "seq_len": recipe.data.seq_len,
+        "data": [part.held.describe() for part in evaluator.parts],
+        "dtype": recipe.train.dtype,
+        "world_size": runtime.world_size,
+        "seconds": result.seconds,
+    }
 
 
 def inference_recipe(recipe: Recipe, saved: SavedCheckpoint) -> Recipe:

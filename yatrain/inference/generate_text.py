@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint
+from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint, reading
 from yatrain.checkpoint.store import checkpoint_tokenizer, iter_full_weights
 from yatrain.common import DTYPES
 from yatrain.errors import ConfigError
@@ -73,18 +73,20 @@ def generate_text(
         raise ConfigError("--prompt is not valid UTF-8 text: pass the prompt in UTF-8") from None
     if launched_world_size() > 1:
         raise ConfigError("yatrain generate runs in one process: run it without torchrun")
-    saved = open_checkpoint(Path(path))
-    tokenizer = checkpoint_tokenizer(saved.path)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = DTYPES[saved.manifest.get("dtype", "fp32")] if target.type == "cuda" else torch.float32
-    prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
-    context = saved.model.max_seq_len
-    if len(prompt_ids) >= context:
-        raise ConfigError(
-            f"the prompt is {len(prompt_ids)} tokens with BOS, the model's context is "
-            f"{context}: shorten it to leave room for new tokens"
-        )
-    model = load_plain_model(saved, target, dtype)
+    with reading(Path(path)):  # a running job's rotation may delete it meanwhile
+        saved = open_checkpoint(Path(path))
+        tokenizer = checkpoint_tokenizer(saved.path)
+        trained = DTYPES[saved.manifest.get("dtype", "fp32")]
+        dtype = trained if target.type == "cuda" else torch.float32
+        prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
+        context = saved.model.max_seq_len
+        if len(prompt_ids) >= context:
+            raise ConfigError(
+                f"the prompt is {len(prompt_ids)} tokens with BOS, the model's context is "
+                f"{context}: shorten it to leave room for new tokens"
+            )
+        model = load_plain_model(saved, target, dtype)
     generator = torch.Generator(device=target).manual_seed(seed)
     new_ids, stop = generate(
         model,
