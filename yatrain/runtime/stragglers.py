@@ -16,6 +16,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from yatrain.runtime.host_reads import device_values, host_read
 from yatrain.runtime.process import Runtime
 
 STRAGGLER_RATIO = 1.2  # slowest busy time / median busy time that counts as lagging
@@ -28,12 +29,12 @@ def reduce_loss_and_busy(
     """(the loss averaged over ranks, every rank's busy time): one all-reduce, the one the
     loss needed anyway."""
     if not runtime.distributed:
-        return loss.item(), [busy_s]
+        return device_values(loss)[0], [busy_s]
     values = torch.zeros(1 + runtime.world_size, device=loss.device, dtype=torch.float64)
     values[0] = loss.detach().to(torch.float64)
     values[1 + runtime.rank] = busy_s
     dist.all_reduce(values)
-    numbers = values.tolist()
+    numbers = host_read(values.tolist)
     return numbers[0] / runtime.world_size, numbers[1:]
 
 

@@ -33,6 +33,7 @@ from yatrain.data.heldout import (
 )
 from yatrain.recipe.config import Recipe
 from yatrain.recipe.topology import JobLayout
+from yatrain.runtime.host_reads import host_read
 from yatrain.runtime.process import Runtime
 from yatrain.train.step import prepare_micro_batch
 
@@ -126,7 +127,7 @@ class Evaluator:
                 sums[index] += self._loss_and_count(model, batch)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
-        totals = sums.tolist()
+        totals = host_read(sums.tolist)
         losses = [loss / max(count, 1.0) for loss, count in totals]
         weights = [p.held.weight for p in self.parts]
         overall = sum(w * loss for w, loss in zip(weights, losses, strict=True)) / sum(weights)

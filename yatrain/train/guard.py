@@ -1,14 +1,22 @@
-"""Stop cleanly: on SIGTERM/SIGINT save a checkpoint and exit; never keep a non-finite state.
+"""Stop cleanly: on SIGTERM/SIGINT save a checkpoint and exit; never keep a non-finite state;
+and never make the host wait for the device to decide either.
 
-All ranks must agree on when to stop (a checkpoint is collective), so each step ends with
-one tiny all-reduce of two flags: "a signal arrived here" and "this rank saw a non-finite
-loss or gradient norm". It runs before the optimizer step, so such a step is never applied.
+All ranks must agree on when to stop (a checkpoint is collective). The host's own flags ("a
+signal arrived here", "the run directory is gone") are all-reduced every step on a CPU
+process group (``agree_on_stop``): host work, no device wait. Whether a step is finite is
+decided on the device (``nonfinite``): the loss and gradient norm's flag, agreed with a MAX
+all-reduce, is exactly 0.0 or 1.0 and is handed to the optimizer as ``found_inf`` (as
+``GradScaler`` does), so a non-finite step changes no weight and no optimizer state, and
+the device counts it.
 
 A finite gradient can still make the weights non-finite (a learning rate of 1e39 does).
-``weights_finite`` checks after the update with one sum over each flat shard: a sum is
-non-finite whenever any element is (inf and NaN propagate), at the cost of reading the
-shard once (an element-wise ``isfinite().all()`` costs ~30x more here). A non-finite sum of
-finite but huge weights is told apart by the element-wise check, run only then.
+``note_weights`` checks after the update with one float64 sum over each flat shard (any
+non-finite element makes it non-finite, and no fp32 value can overflow it), reading each
+shard once; the first step that did it is recorded on the device.
+
+The host reads these device records only where it reads anything (``settle``: at log
+steps, evaluations and saves, through ``runtime.host_reads``): the weights first (non-finite
+weights make every later step non-finite), then the steps skipped since the last read.
 """
 
 from __future__ import annotations
@@ -17,12 +25,38 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from yatrain.runtime.host_reads import device_values, on_host
+
 _CTRL_C = "SIGINT (Ctrl-C)"
 ANOTHER_RANK = "a signal on another rank"  # what a rank that got no signal itself says
+_NONE = 2**62  # "no step yet" in a MIN all-reduce of step numbers
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What the device recorded since the last ``settle``, read by the host."""
+
+    bad_weights_step: int | None  # the first step whose update made a weight non-finite
+    skipped: int  # steps whose loss or gradient norm was not finite (not applied)
+    first_skipped: int | None
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def host_group() -> dist.ProcessGroup | None:
+    """The process group for host flags: the default one when it moves CPU tensors (gloo,
+    or a fake world's backend), else a gloo group of every rank (built collectively)."""
+    if not _distributed():
+        return None
+    backend = str(dist.get_backend())
+    return dist.new_group(backend="gloo") if backend == "nccl" else None
 
 
 class StepGuard:
@@ -35,6 +69,10 @@ class StepGuard:
         self.saving: int | None = None  # the step whose checkpoint is being written
         self._announced = False
         self._previous = {}
+        self.step_number = 0  # the step the loop is in: what the device records
+        self._host_group = host_group()
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        self._skipped, self._first_skipped, self._first_bad = zero, zero.clone(), zero.clone()
         for sig in (signal.SIGTERM, signal.SIGINT):
             # Outside the main thread (embedded use) no handler can be installed: skip.
             with contextlib.suppress(ValueError):
@@ -75,42 +113,62 @@ class StepGuard:
             "then stopping\n".encode(),
         )
 
-    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[bool, bool]:
-        """(stop requested on any rank, non-finite on any rank), agreed by all ranks. A
-        run directory deleted under the run stops it too (``run_dir_deleted``)."""
-        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+    def agree_on_stop(self) -> bool:
+        """Whether a stop was requested on any rank (a signal, or the run directory deleted:
+        ``run_dir_deleted``); host flags on the host group, read without the device."""
         local = [self.signal_name is not None, self.run_dir_deleted_here]
-        flags = torch.cat([torch.tensor(local, device=self.device), bad.reshape(1)])
-        flags = flags.to(torch.float32)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, deleted, nonfinite = flags.tolist()
+        flags = on_host(torch.tensor(local, dtype=torch.float32))
+        if _distributed():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._host_group)
+        stop, deleted = flags.tolist()
         if stop and self.signal_name is None:
             self.signal_name = ANOTHER_RANK
         self.run_dir_deleted = bool(deleted)
-        return bool(stop or deleted), bool(nonfinite)
+        return bool(stop or deleted)
+
+    def nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """The step's skip flag on the device: float32 exactly 1.0 where the loss or gradient
+        norm is not finite on some rank, else 0.0 (MAX all-reduce); counted for ``settle``."""
+        bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).to(torch.float32).reshape(())
+        if _distributed():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        hit = bad > 0
+        self._skipped += hit
+        first = hit & (self._first_skipped == 0)
+        self._first_skipped = torch.where(first, self.step_number, self._first_skipped)
+        return bad
+
+    def note_weights(self, tensors: list[torch.Tensor]) -> None:
+        """Record on the device whether this step's update made any of ``tensors`` (this
+        rank's shards) non-finite; the first such step is kept for ``settle``."""
+        sums = torch.stack([t.detach().sum(dtype=torch.float64) for t in tensors])
+        bad = ~torch.isfinite(sums).all()
+        first = bad & (self._first_bad == 0)
+        self._first_bad = torch.where(first, self.step_number, self._first_bad)
+
+    def settle(self) -> Settled:
+        """Read what the device recorded since the last call (collective: every rank calls
+        it at the same steps, the log steps, evaluations and saves)."""
+        first_bad = torch.where(self._first_bad == 0, _NONE, self._first_bad)
+        if _distributed():
+            dist.all_reduce(first_bad, op=dist.ReduceOp.MIN)
+        bad, skipped, first_skipped = (
+            int(v) for v in device_values(first_bad, self._skipped, self._first_skipped)
+        )
+        self._skipped.zero_()
+        self._first_skipped.zero_()
+        return Settled(bad if bad != _NONE else None, skipped, first_skipped or None)
 
     def stop_after_save(self) -> bool:
         """Whether a signal reached any rank during a save (collective, once per save):
         the run stops there, as the save announced, rather than after one more step."""
-        flag = torch.tensor(float(self.signal_name is not None), device=self.device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and self.signal_name is None:
+        flag = on_host(torch.tensor([float(self.signal_name is not None)]))
+        if _distributed():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group)
+        (stopped,) = flag.tolist()
+        if stopped and self.signal_name is None:
             self.signal_name = ANOTHER_RANK
-        return bool(flag.item())
-
-    def weights_finite(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether every element of ``tensors`` (this rank's shards) is finite on every
-        rank; collective."""
-        bad = any(
-            not torch.isfinite(t.detach().sum()) and not torch.isfinite(t.detach()).all()
-            for t in tensors
-        )
-        flag = torch.tensor(float(bad), device=self.device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return not bool(flag.item())
+        return bool(stopped)
 
     def restore(self, failing: bool = False) -> None:
         """Put the previous handlers back. A rank of a distributed run that is ending on an

@@ -112,7 +112,7 @@ def train(run: Run) -> dict:
     evaluated, failing = False, False
     try:
         for step_number in range(run.start_step + 1, total + 1):
-            run.step_number = step_number
+            run.step_number = guard.step_number = step_number
             run.watchdog.phase(f"step {step_number}")
             first_step = step_number == run.start_step + 1
             guard.run_dir_deleted_here = run.lock is not None and run.lock.deleted()
@@ -120,15 +120,19 @@ def train(run: Run) -> dict:
                 outcome, lr = step(run, step_number, guard)
             if first_step and run.compiler is not None:
                 run.loggers.say(run.compiler.describe())
+            evaluating = run.evaluator.due(step_number, outcome.stop)
+            saving = run.checkpointer.due(step_number, outcome.stop)
+            if evaluating or saving or run.meter.due(step_number):
+                settle(run, guard)  # the host reads device values here, the guard's first
             evaluation = None
-            if run.evaluator.due(step_number, outcome.stop):
+            if evaluating:
                 run.watchdog.phase(f"the evaluation after step {step_number}")
                 with warming_up(run, not evaluated):
                     evaluation = evaluate(run)
                 evaluated = True
             if run.meter.due(step_number) or evaluation is not None:
                 log(run, step_number, outcome, lr, evaluation)
-            if run.checkpointer.due(step_number, outcome.stop):
+            if saving:
                 run.watchdog.phase(f"the checkpoint save after step {step_number}")
                 with guard.during_save(step_number):
                     save(run, step_number, final=outcome.stop or step_number == total)
@@ -154,8 +158,9 @@ def train(run: Run) -> dict:
 
 
 def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, float]:
-    """One optimizer step: learning rate, this rank's batches, ``train_step``, and the
-    non-finite policy (stop, or skip and count). Returns the outcome and the LR used."""
+    """One optimizer step: learning rate, this rank's batches, ``train_step`` (a non-finite
+    step is skipped on the device; ``settle`` applies the policy where the host reads).
+    Returns the outcome and the LR used."""
     optim = run.recipe.optim
     lr = lr_at(step_number, optim, run.recipe.train.steps)
     set_lr(run.optimizer, lr)
@@ -177,29 +182,41 @@ def step(run: Run, step_number: int, guard: StepGuard) -> tuple[StepOutcome, flo
             f"the run directory {run.run_dir} was deleted (or moved) during the run, before "
             f"step {step_number}; nothing more is written there: start again with a new --run-dir"
         )
-    skip = run.recipe.train.skip_nonfinite_steps
-    last = _last_good(run) if outcome.bad_weights or (outcome.nonfinite and not skip) else None
-    if outcome.bad_weights:  # applied: no skipping it, and nothing of it may be saved
-        raise TrainingError(
-            f"the update at step {step_number} made weights non-finite (its loss and gradient "
-            "norm were finite); an applied update cannot be undone without a copy of the "
-            f"state, so the run stops without saving it; the last good checkpoint is {last}: "
-            "lower optim.lr"
-        )
-    if outcome.nonfinite and not skip:
-        raise TrainingError(
-            f"non-finite loss or gradient norm at step {step_number}; the update was not "
-            f"applied and the last good checkpoint is {last}: "
-            "lower optim.lr, or set train.skip_nonfinite_steps: true to skip such steps"
-        )
-    if outcome.nonfinite:
-        run.skipped_steps += 1
-        run.loggers.say(f"warning: step {step_number} skipped (non-finite loss or gradient norm)")
     if run.compiler is not None:  # compile time is reported once, not as step time
         run.meter.exclude(run.compiler.take_seconds(), "compile")
     run.meter.step_done()
     run.loggers.step_done()
     return outcome, lr
+
+
+def settle(run: Run, guard: StepGuard) -> None:
+    """Where the host reads device values (a log, an evaluation, a save; collective), what
+    the guard recorded on the device since the last read, first: an update that made
+    weights non-finite stops the run (nothing of it may be saved); steps skipped for a
+    non-finite loss or gradient norm stop it too, or with ``train.skip_nonfinite_steps``
+    are counted and said."""
+    found = guard.settle()
+    if found.bad_weights_step is not None:  # applied: no skipping it, nothing of it saved
+        raise TrainingError(
+            f"the update at step {found.bad_weights_step} made weights non-finite (its loss "
+            "and gradient norm were finite); an applied update cannot be undone without a copy "
+            f"of the state, so the run stops without saving it; the last good checkpoint is "
+            f"{_last_good(run)}: lower optim.lr"
+        )
+    if not found.skipped:
+        return
+    if not run.recipe.train.skip_nonfinite_steps:
+        raise TrainingError(
+            f"non-finite loss or gradient norm at step {found.first_skipped}; the update was "
+            f"not applied and the last good checkpoint is {_last_good(run)}: lower optim.lr, "
+            "or set train.skip_nonfinite_steps: true to skip such steps"
+        )
+    run.skipped_steps += found.skipped
+    if found.skipped == 1:
+        what = f"step {found.first_skipped} skipped"
+    else:
+        what = f"{found.skipped} steps skipped from step {found.first_skipped} on"
+    run.loggers.say(f"warning: {what} (non-finite loss or gradient norm)")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from yatrain.output.record import MetricsRecord
 from yatrain.plan import LiveTensorTracker
 from yatrain.recipe.config import Recipe
 from yatrain.runtime.device import PeakMemory, peak_flops, synchronize
+from yatrain.runtime.host_reads import device_values, host_read
 from yatrain.runtime.process import Runtime
 from yatrain.runtime.stragglers import StragglerWatch, reduce_loss_and_busy, straggler_fields
 from yatrain.sharding import ShardedEngine
@@ -129,8 +130,8 @@ class StepMeter:
         """The record of the window that ends at ``step``, with an evaluation's fields
         ``val`` at evaluation steps; collective (averages the loss over ranks). The caller
         logs it, then opens the next window."""
-        synchronize(self.device)  # the one a log needs anyway: CUDA timers are read after it
-        timed = self.clock.take() if self.clock is not None else (0.0, 0.0, 0.0)
+        host_read(lambda: synchronize(self.device))  # CUDA timers are read after it
+        timed = host_read(self.clock.take) if self.clock is not None else (0.0, 0.0, 0.0)
         # compiling runs inside the model phase and is left out of the window: out of compute too
         timed = (max(0.0, timed[0] - self.excluded["compile"]), timed[1], timed[2])
         steps, data = self.window_steps, self.data_wait
@@ -145,14 +146,14 @@ class StepMeter:
         self.straggler_note = self.stragglers.note(
             fields["slowest_rank"], fields["slowest_busy_s"], fields["median_busy_s"]
         )
-        peak_memory = self.memory.read()
+        peak_memory = host_read(self.memory.read)
         tensors = peak_memory if self.device.type == "cuda" else self.tensor_peak
         self.tensor_peak = None
         record = MetricsRecord.measure(
             step=step,
             loss=loss_value,
             lr=lr,
-            grad_norm=grad_norm.item(),
+            grad_norm=device_values(grad_norm)[0],
             tokens_per_step=self.tokens_per_step,
             window_s=window_s,
             window_steps=steps,

@@ -4,10 +4,12 @@ The training loop, the benchmarks and the tests all step through ``train_step``,
 order below lives in one place: forward and backward over the micro-batches (the engine
 reduce-scatters each unit's gradient as soon as it is complete), ``reduce_gradients`` (wait
 for the last reductions), ``clip_grad_norm_`` (exact global norm; it also averages over
-ranks and micro-batches, in the same pass as the clipping), the guard (all ranks agree
-whether to stop and whether the step is finite), ``optimizer.step`` only for a finite step,
-the guard's check that the updated weights are finite, ``after_step`` (free the gradient
-shards, mark the gather buffers stale).
+ranks and micro-batches, in the same pass as the clipping), the guard (all ranks agree on
+the host whether to stop, and on the device whether the step is finite), the optimizer step
+with that flag (a non-finite step changes nothing: ``optim.step_unless``), the guard's
+record of whether the updated weights are finite, ``after_step`` (free the gradient shards,
+mark the gather buffers stale). Nothing here reads a device value: the host never waits for
+the device inside a step (``runtime.host_reads``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from yatrain.data.batch import MicroBatch
 from yatrain.models.loss import LossFn, model_loss
 from yatrain.sharding import ShardedEngine
 from yatrain.train.guard import StepGuard
+from yatrain.train.optim import step_unless
 from yatrain.train.timing import NoClock, StepClock
 
 # A MicroBatch, or an (inputs, targets) pair: a micro-batch without model inputs.
@@ -35,9 +38,8 @@ class StepOutcome:
 
     loss: torch.Tensor  # this rank's mean loss over its micro-batches
     grad_norm: torch.Tensor  # the global gradient norm before clipping
-    stop: bool = False  # a stop signal arrived on some rank
-    nonfinite: bool = False  # the loss or gradient norm was not finite: no update applied
-    bad_weights: bool = False  # the applied update made some weight non-finite
+    stop: bool = False  # a stop was requested on some rank (agreed on the host)
+    skipped: torch.Tensor | None = None  # 1.0: not finite, not applied (device; guard only)
 
 
 def prepare_micro_batch(
@@ -83,12 +85,13 @@ def train_step(
 ) -> StepOutcome:
     """One optimizer step over this rank's micro-batches (see the module docstring).
 
-    Without a guard every step is applied; with one, a non-finite step is not, and the
-    caller decides whether to stop or to skip it. Each micro-batch carries its model inputs
-    (the loader's document ids and positions; ``prepare_micro_batch``); ``loss_fn`` is the model's
-    own fused loss unless a comparison needs the plain one (``logits_loss``); ``clock``
-    times the step's parts (``timing.StepClock``); ``context``: context parallelism
-    (``context_parallel.split``), this rank's chunks of the micro-batches' windows."""
+    Without a guard every step is applied; with one, a non-finite step is not (the guard
+    counts it on the device, and the caller reads its records at log steps). Each
+    micro-batch carries its model inputs (the loader's document ids and positions;
+    ``prepare_micro_batch``); ``loss_fn`` is the model's own fused loss unless a comparison
+    needs the plain one (``logits_loss``); ``clock`` times the step's parts
+    (``timing.StepClock``); ``context``: context parallelism (``context_parallel.split``),
+    this rank's chunks of the micro-batches' windows."""
     engine.expect_micro_batches(len(micro_batches))  # hybrid: the last one starts the all-reduce
     clock = clock or NoClock()
     clock.phase("model")
@@ -96,14 +99,12 @@ def train_step(
     engine.reduce_gradients()
     grad_norm = engine.clip_grad_norm_(grad_clip)
     clock.phase("guard")
-    stop, nonfinite = guard.check(loss_sum, grad_norm) if guard else (False, False)
+    stop = guard.agree_on_stop() if guard is not None else False
+    skip = guard.nonfinite(loss_sum, grad_norm) if guard is not None else None
     clock.phase("optimizer")
-    bad_weights = False
-    if not nonfinite:
-        optimizer.step()
-        if guard is not None:
-            shards = [p for group in optimizer.param_groups for p in group["params"]]
-            bad_weights = not guard.weights_finite(shards)
+    step_unless(optimizer, skip)
+    if guard is not None:
+        guard.note_weights([p for group in optimizer.param_groups for p in group["params"]])
     engine.after_step()
     clock.phase(None)
-    return StepOutcome(loss_sum / len(micro_batches), grad_norm, stop, nonfinite, bad_weights)
+    return StepOutcome(loss_sum / len(micro_batches), grad_norm, stop, skip)
