@@ -4,15 +4,19 @@ was written from: the same stream, so the same losses."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import FAST, ROOT
 from megatron_files import write_megatron
 
-from yatrain.data import TokenShards
+from yatrain.data import TokenShards, megatron
 from yatrain.errors import ConfigError
+from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.recipe.load import load_recipe
+from yatrain.train.checkpointer import Checkpointer
 from yatrain.train.loop import pretrain
 
 
@@ -44,22 +48,47 @@ def _run(tmp: Path, name: str, *extra: str) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, lines)}
 
 
-def test_a_megatron_pair_trains_and_evaluates_as_its_source(small_data, tmp_path):
-    train = write_megatron(tmp_path / "web_text_document", _documents(TokenShards.open(small_data)))
+@pytest.fixture(scope="module")
+def runs(small_data, tmp_path_factory) -> dict:
+    """The same stream as a prepared directory and as Megatron pairs (train and held-out
+    prefixes), each trained 4 steps; the Megatron run's data.tokenizer is then deleted."""
+    tmp = tmp_path_factory.mktemp("megatron")
+    train = write_megatron(tmp / "web_text_document", _documents(TokenShards.open(small_data)))
     held = TokenShards.open(small_data, split="validation")
-    val = write_megatron(tmp_path / "web_val_document", _documents(held))
-    tokenizer = small_data / "tokenizer.model"
-    ours = _run(tmp_path, "prepared", f"data.path={small_data}")
+    val = write_megatron(tmp / "web_val_document", _documents(held))
+    (tmp / "tok").mkdir()
+    tokenizer = shutil.copy(small_data / "tokenizer.model", tmp / "tok/tokenizer.model")
+    ours = _run(tmp, "prepared", f"data.path={small_data}")
     theirs = _run(
-        tmp_path,
+        tmp,
         "megatron",
         f"data.path={train}",
         f"data.val_path={val}",
         f"data.tokenizer={tokenizer}",
     )
+    shutil.rmtree(tmp / "tok")  # the checkpoints carry their tokenizer: eval needs no other
+    return {"tmp": tmp, "ours": ours, "theirs": theirs, "val": val}
+
+
+def test_a_megatron_pair_trains_and_evaluates_as_its_source(runs):
+    ours, theirs = runs["ours"], runs["theirs"]
     assert [ours[s]["loss"] for s in (1, 2, 3, 4)] == [theirs[s]["loss"] for s in (1, 2, 3, 4)]
     assert ours[4]["val_loss"] == theirs[4]["val_loss"] and "val_loss" in theirs[2]
-    assert any((tmp_path / "megatron").glob("**/tokenizer.model"))  # checkpoints keep it
+    assert any((runs["tmp"] / "megatron").glob("**/tokenizer.model"))  # checkpoints keep it
+
+
+def test_eval_of_a_megatron_run_reads_its_held_out_prefix_with_the_checkpoint_tokenizer(runs):
+    """The recipe's held-out data is a prefix (no directory) and its data.tokenizer is gone."""
+    result = evaluate_checkpoint(runs["tmp"] / "megatron/checkpoints/step-4")
+    assert result["val_loss"] == pytest.approx(runs["theirs"][4]["val_loss"], abs=1e-6)
+    assert result["data"] == [f"{runs['val']} (whole: no split)"]
+
+
+def test_eval_data_of_a_megatron_prefix_needs_no_tokenizer_setting(runs):
+    """``eval --data PREFIX`` reads it with the checkpoint's own tokenizer."""
+    checkpoint = runs["tmp"] / "prepared/checkpoints/step-4"
+    result = evaluate_checkpoint(checkpoint, data=runs["val"])
+    assert result["val_loss"] == pytest.approx(runs["ours"][4]["val_loss"], abs=1e-6)
 
 
 def test_a_megatron_pair_needs_its_tokenizer_and_held_out_prefix(small_data, tmp_path):
@@ -76,3 +105,31 @@ def test_a_megatron_pair_needs_its_tokenizer_and_held_out_prefix(small_data, tmp
                 steps=1,
                 progress=False,
             )
+
+
+def test_a_megatron_run_saves_its_tokenizer_after_the_temporary_directory_is_emptied(
+    runs, small_data, tmp_path, monkeypatch
+):
+    """The docs say to delete the private cache's ``tmp`` (every command's TMPDIR) to reclaim
+    space: deleting it mid-run must not cost the next checkpoint its tokenizer."""
+    temporary = tmp_path / "cache-tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.setattr(megatron, "_SAVED", {})  # as a fresh process: nothing kept yet
+    save = Checkpointer.save
+
+    def emptied_first(self, *args, **kwargs):
+        shutil.rmtree(temporary, ignore_errors=True)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "save", emptied_first)
+    tokenizer = small_data / "tokenizer.model"
+    overrides = [*FAST, f"data.path={runs['tmp'] / 'web_text_document'}", "eval.every=0"]
+    overrides += [f"data.tokenizer={tokenizer}", "eval.at_end=false", "checkpoint.every=1"]
+    run = tmp_path / "run"
+    recipe = load_recipe(ROOT / "recipes/tiny.yaml", overrides)
+    pretrain(recipe, run_dir=run, steps=2, progress=False)
+    for step in (1, 2):
+        assert (run / f"checkpoints/step-{step}/tokenizer.model").read_bytes() == (
+            tokenizer.read_bytes()
+        )

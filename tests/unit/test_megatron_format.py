@@ -13,7 +13,8 @@ from megatron_files import write_megatron
 from tokenizer_fixtures import sample_texts
 
 from yatrain.data import document_layout, load_tokenizer, megatron, train_tokenizer
-from yatrain.data.megatron import MegatronTokens, megatron_prefix
+from yatrain.data.heldout import open_held_out
+from yatrain.data.megatron import MegatronTokens, megatron_prefix, open_stream
 from yatrain.errors import ConfigError, DataError
 
 
@@ -152,3 +153,21 @@ def test_ids_read_lazily_from_a_large_bin_are_checked_against_the_vocabulary(
     assert data.read(0, 4).tolist() == [bos, 5, 6, eos]
     with pytest.raises(DataError, match="token id -2"):
         data.read(4, 5)
+
+
+@pytest.mark.parametrize("typed", ["web_text_documnt", "web_text_documnt.bin", "web_text"])
+def test_a_misspelt_prefix_names_the_prefixes_beside_it(tmp_path, tokenizer, typed):
+    """Not the advice to tokenize the built-in corpus into the misspelt path."""
+    write_megatron(tmp_path / "web_text_document", [[[5, 6, 7]]])
+    before = sorted(tmp_path.iterdir())
+    for attempt in (
+        lambda: open_stream(tmp_path / typed, tokenizer),
+        lambda: open_held_out(tmp_path / typed, tokenizer=str(tokenizer)),
+    ):
+        with pytest.raises(DataError) as missing:
+            attempt()
+        line = str(missing.value)
+        assert "\n" not in line and str(tmp_path / typed) in line
+        assert f"{tmp_path / 'web_text_document'}" in line and "Megatron" in line
+        assert "built-in corpus" not in line and "prepare-data" not in line
+    assert sorted(tmp_path.iterdir()) == before

@@ -22,7 +22,7 @@ import torch
 from yatrain.common import IGNORE_INDEX
 from yatrain.data.batch import MicroBatch
 from yatrain.data.documents import document_layout
-from yatrain.data.megatron import MegatronTokens, megatron_prefix
+from yatrain.data.megatron import MegatronTokens, megatron_prefix, misspelt_prefix
 from yatrain.data.shards import TokenShards, has_validation, load_manifest
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe.config import DataConfig
@@ -53,6 +53,8 @@ def open_held_out(
     Megatron prefix: all of it, read with ``tokenizer``)."""
     if megatron_prefix(path) is not None:
         return HeldOut(name, weight, MegatronTokens.open(path, tokenizer, "data.val_path"))
+    if (misspelt := misspelt_prefix(path)) is not None:
+        raise misspelt
     split = "validation" if has_validation(load_manifest(path)) else "train"
     return HeldOut(name, weight, TokenShards.open(path, split=split))
 

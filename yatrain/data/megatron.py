@@ -30,11 +30,13 @@ and an EOS) from the maps, and keeps the last few groups laid out.
 from __future__ import annotations
 
 import atexit
+import difflib
 import functools
+import io
 import shutil
 import struct
 import tempfile
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import BinaryIO
 
 import numpy as np
@@ -65,6 +67,30 @@ def megatron_prefix(path: str | Path) -> Path | None:
     if Path(text + ".idx").is_file() or Path(text + ".bin").is_file():
         return prefix
     return None
+
+
+def misspelt_prefix(path: str | Path, key: str = "") -> DataError | None:
+    """When ``path`` is nothing at all but Megatron prefixes lie beside it (a mistyped
+    prefix), the error naming them (else None: a data directory's own checks speak)."""
+    text = str(path)
+    stem = Path(text[:-4] if text.endswith((".bin", ".idx")) else text)
+    if not stem.name or Path(text).exists() or megatron_prefix(path) is not None:
+        return None
+    try:
+        found = {p.with_suffix("") for p in stem.parent.glob("*.idx")} | {
+            p.with_suffix("") for p in stem.parent.glob("*.bin")
+        }
+    except OSError:
+        return None
+    if not found:
+        return None
+    names = [p.name for p in sorted(found)]
+    near = difflib.get_close_matches(stem.name, names, n=3, cutoff=0.5) or names[:3]
+    listed = " or ".join(str(stem.parent / name) for name in near)
+    return DataError(
+        f"{key + ' ' if key else ''}{path}: there is no data directory there, nor a Megatron "
+        f"dataset {stem}.bin/.idx; Megatron prefixes beside it: {listed}: point at one of them"
+    )
 
 
 def _fail(prefix: Path, problem: str) -> DataError:
@@ -320,16 +346,38 @@ def _check_sequences(
         )
 
 
+class _KeptFile(PosixPath):
+    """A tokenizer file saved for checkpoints, its bytes also kept in memory: read after its
+    temporary copy was deleted (the temporary directory cleaned mid-run, as the docs allow
+    for the private cache's ``tmp``), it is read from memory, so every checkpoint still
+    gets its tokenizer."""
+
+    kept: bytes | None = None  # paths derived from this one (its parent, ...) keep nothing
+
+    def open(self, mode="r", *args, **kwargs):  # type: ignore[override]
+        try:
+            return super().open(mode, *args, **kwargs)
+        except FileNotFoundError:
+            if self.kept is None or mode != "rb":
+                raise
+            return io.BytesIO(self.kept)
+
+
 _SAVED: dict[str, list[Path]] = {}
 
 
 def _saved(tokenizer: Tokenizer) -> list[Path]:
     """The tokenizer's files as a data directory holds them (what checkpoints copy), saved
-    once per process in a temporary folder removed at exit."""
+    once per process in a temporary folder removed at exit, and kept in memory too."""
     if tokenizer.sha256 not in _SAVED:
         folder = Path(tempfile.mkdtemp(prefix="yatrain-tokenizer-"))
         atexit.register(shutil.rmtree, folder, True)
-        _SAVED[tokenizer.sha256] = [folder / name for name in tokenizer.save(folder)]
+        files = []
+        for name in tokenizer.save(folder):
+            file = _KeptFile(folder / name)
+            file.kept = file.read_bytes()
+            files.append(file)
+        _SAVED[tokenizer.sha256] = files
     return _SAVED[tokenizer.sha256]
 
 
@@ -339,4 +387,6 @@ def open_stream(
     """The training stream at ``path``: a Megatron prefix, else a prepared directory."""
     if megatron_prefix(path) is not None:
         return MegatronTokens.open(path, tokenizer, key)
+    if (misspelt := misspelt_prefix(path, key)) is not None:
+        raise misspelt
     return TokenShards.open(Path(path))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from yatrain.checkpoint.manifest import CheckpointError, SavedCheckpoint, open_checkpoint, reading
 from yatrain.checkpoint.store import checkpoint_tokenizer, dcp_mesh, load_weights
+from yatrain.data.megatron import megatron_prefix
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe.config import Recipe
 from yatrain.recipe.load import load_recipe, recipe_from_dict
@@ -62,9 +63,14 @@ def _evaluate(
     )
     if batches is not None:
         recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, batches=batches))
+    tokenizer = checkpoint_tokenizer(saved.path)
+    # A Megatron prefix records no tokenizer: it is read with the checkpoint's own (the one
+    # the run trained with), wherever the run's data.tokenizer is now.
+    recipe = dataclasses.replace(
+        recipe, data=dataclasses.replace(recipe.data, tokenizer=str(tokenizer.path))
+    )
     if data is None:
         _check_recipe_data(recipe)
-    tokenizer = checkpoint_tokenizer(saved.path)
     facts = (tokenizer.sha256, tokenizer.bos_id, tokenizer.eos_id)
     # any world evaluates: its ranks split the windows, padding the last micro-batches
     layout = job_layout(recipe, runtime.world_size, runtime.local_world_size, batch=False)
@@ -129,10 +135,11 @@ def _check_recipe_data(recipe: Recipe) -> None:
     if data.val_path is None and data.sources is not None:
         paths = [source.path for source in data.sources]
     for path in paths:
-        if not Path(path).is_dir():
+        if not Path(path).is_dir() and megatron_prefix(path) is None:
             raise DataError(
                 f"the checkpoint's recipe evaluates on {path}, which is not here (relative paths "
-                "are relative to where the run started): run from there, or pass --data DIR"
+                "are relative to where the run started): run from there, or pass --data DIR "
+                "(a data directory or a Megatron prefix)"
             )
 
 
