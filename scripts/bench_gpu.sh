@@ -3,7 +3,7 @@
 # Llama-shaped model big enough to keep an H100/H200 busy (dim 2048, 16 layers, 16 heads /
 # 8 kv heads, ffn 5632, vocab 32000: ~0.89B parameters; seq 2048 x micro-batch 4 = 8192
 # tokens per step). It runs in sections, each inside its own time budget (seconds); the
-# default ones (engine, pathcheck, hostcost, profile) finish inside 6 minutes on one H200,
+# default ones (engine, pathcheck, hostcost, profile, guard) finish inside 8 minutes on one H200,
 # the engine's step ratios first, so a run cut short still says what matters most:
 #
 # engine (200)    python -m bench.engine: yatrain (direct path), yatrain-pg (the buffered
@@ -28,6 +28,10 @@
 # profile (60)    python -m bench.host_profile: torch.profiler over 3 steps of the
 #                 buffered path: the top 15 host ops by self CPU time, the step's wall time and
 #                 the host time in ops.
+# guard (90)      python -m bench.guard --device cuda: yatrain pretrain of the tiny recipe on
+#                 the GPU, host waits for the device per step (between log steps and at them)
+#                 and the median step time, beside the yatrain before the guard decided on
+#                 the device (git revision feacf60) when the tree has its git history.
 #
 # Not in the default list (run them as `--sections NAME,...`):
 #
@@ -67,7 +71,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD:$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON="${PYTHON:-python}"
 
-SECTIONS="engine,pathcheck,hostcost,profile"
+SECTIONS="engine,pathcheck,hostcost,profile,guard"
 if [ "${1:-}" = "--sections" ]; then
   SECTIONS="$2"
   shift 2
@@ -121,6 +125,11 @@ fi
 if wanted profile; then
   section profile 60 "$PYTHON" -m bench.host_profile "${SHAPE[@]}" "$@" \
     --warmup 3 --steps 3 || status=1
+fi
+if wanted guard; then
+  baseline=()
+  if git cat-file -e feacf60 2>/dev/null; then baseline=(--baseline feacf60); fi
+  section guard 90 "$PYTHON" -m bench.guard --device cuda "${baseline[@]}" || status=1
 fi
 if wanted reductions; then
   section reductions 170 "$PYTHON" -m bench.engine --world-size 1 \

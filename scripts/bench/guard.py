@@ -1,75 +1,154 @@
-"""What the checks around an update cost: the non-finite weight check against a whole step.
+"""What the per-step checks cost the host: device reads and waits per step, and step time.
 
-    python -m bench.guard recipes/tiny.yaml --steps 20
+    PYTHONPATH=scripts python -m bench.guard --baseline 9c023c6          # world 2, gloo
+    PYTHONPATH=scripts python -m bench.guard --baseline 9c023c6 --device cuda   # on a GPU
 
-One process, the recipe's model on this machine's device, synthetic tokens. Each step runs
-``train_step`` with the guard (which includes the weight check after the update); the check
-itself (one sum over each flat shard and the flag's all-reduce) is also timed on its own,
-right after, on the same weights. Prints medians and the check's share of a step, beside
-what an element-wise ``isfinite().all()`` over the same shards would cost.
+Each yatrain (this tree, and with ``--baseline REV`` the one of git revision REV beside it)
+runs ``pretrain`` of the recipe on 2 fork-started gloo ranks (CPU) or one process on a GPU,
+with ``train.log_every`` 4, no checkpoint and no evaluation. ``testing.host_syncs`` counts
+what makes the host wait for the device (value reads, device-to-host copies, stream and
+device synchronisations) in every loop iteration; the iteration's wall time is measured
+from one step's start to the next. Printed per yatrain: host waits per step between log
+steps and at log steps, and the median step time between log steps, side by side. The
+baseline is measured with this tree's counter (``host_syncs.py`` and ``host_reads.py``
+laid over its package: they only count), so both sides count the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import time
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
-import torch
+from bench.measure import load_average
 
-from bench.measure import load_average, median
+REPO = Path(__file__).resolve().parents[2]
+COUNTER_FILES = ("yatrain/testing/host_syncs.py", "yatrain/runtime/host_reads.py")
+
+_RUN = """
+import json, statistics, sys, time
+from pathlib import Path
+import pytest, torch
 from yatrain.recipe.load import load_recipe
-from yatrain.runtime.device import synchronize
-from yatrain.runtime.process import init_runtime
-from yatrain.train.build import build_model_and_engine
-from yatrain.train.guard import StepGuard
-from yatrain.train.optim import build_optimizer
-from yatrain.train.step import train_step
+from yatrain.testing.host_syncs import HostSyncCounter
+from yatrain.testing.ranks import run_ranks
+from yatrain.train import loop
+
+recipe_path, steps, log_every, device, run_dir = sys.argv[1:6]
+steps, log_every = int(steps), int(log_every)
+overrides = [f"train.log_every={log_every}", "checkpoint.enabled=false", "eval.every=0",
+             "eval.at_end=false", "logging.wandb.mode=disabled", *sys.argv[6:]]
+
+def measured(rank, world):
+    counter, started, clock = HostSyncCounter(), {}, {}
+    real = loop.step
+    def step(run, step_number, guard):
+        started[step_number], clock[step_number] = counter.total(), time.perf_counter()
+        return real(run, step_number, guard)
+    recipe = load_recipe(recipe_path, overrides)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "step", step)
+        with counter:
+            loop.pretrain(recipe, run_dir=Path(run_dir) / f"rank{rank}", steps=steps,
+                          progress=False)
+        ended, end = counter.total(), time.perf_counter()
+    order = sorted(started)
+    counts = [started[s] for s in order] + [ended]
+    times = [clock[s] for s in order] + [end]
+    logged = {s for s in order if s == order[0] or s % log_every == 0 or s == order[-1]}
+    quiet = [s for s in order[1:] if s not in logged]  # the first step warms up
+    waits = {s: counts[i + 1] - counts[i] for i, s in enumerate(order)}
+    seconds = {s: times[i + 1] - times[i] for i, s in enumerate(order)}
+    return {
+        "quiet_waits": statistics.mean(waits[s] for s in quiet),
+        "log_waits": statistics.mean(waits[s] for s in logged),
+        "step_s": statistics.median(seconds[s] for s in quiet),
+    }
+
+if device == "cuda":
+    print(json.dumps(measured(0, 1)))
+else:
+    print(json.dumps(run_ranks(2, measured)[0]))
+"""
+
+
+def measure(root: Path, args: argparse.Namespace, run_dir: Path) -> dict:
+    command = [sys.executable, "-c", _RUN, str(REPO / args.recipe), str(args.steps),
+               str(args.log_every), args.device, str(run_dir), *args.overrides]  # fmt: skip
+    done = subprocess.run(
+        command,
+        cwd=root,  # `python -c` puts the working directory first on sys.path
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        sys.exit(f"{root}: the run failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def baseline_tree(revision: str, into: Path) -> Path:
+    """REV's package, with this tree's counter laid over it (it counts, it changes nothing)."""
+    archive = subprocess.run(
+        ["git", "archive", revision, "yatrain"], cwd=REPO, check=True, capture_output=True
+    ).stdout
+    into.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    for name in COUNTER_FILES:
+        shutil.copyfile(REPO / name, into / name)
+    return into
+
+
+def corpus(scratch: Path) -> Path:
+    """The demo's tokenized corpus when it is there, else a slice of it made now."""
+    if (REPO / "data/stdlib/manifest.json").is_file():
+        return REPO / "data/stdlib"
+    from yatrain.data import default_corpus_files, prepare_data
+
+    out = scratch / "stdlib"
+    prepare_data(out, default_corpus_files(max_bytes=2_000_000), vocab_size=4096, progress=False)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipe")
+    parser.add_argument("--recipe", default="recipes/tiny.yaml")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--log-every", type=int, default=4)
+    parser.add_argument("--baseline", help="a git revision to measure beside this tree")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    cfg = load_recipe(args.recipe, args.overrides)
-    runtime = init_runtime()
-    device = runtime.device
-    model, engine = build_model_and_engine(cfg, runtime, say=print)
-    optimizer = build_optimizer(engine.param_groups(0.1), cfg.optim)
-    guard = StepGuard(device)
-    shards = [p for group in optimizer.param_groups for p in group["params"]]
-    micro, seq = cfg.data.micro_batch_size, cfg.data.seq_len
-    accum = cfg.data.global_batch_size // micro
-    steps, checks, elementwise = [], [], []
-    for _ in range(args.steps):
-        tokens = torch.randint(0, cfg.model.vocab_size, (accum, micro, seq + 1))
-        batches = [(t[:, :-1], t[:, 1:]) for t in tokens]
-        run_step = functools.partial(
-            train_step, model, engine, optimizer, batches, grad_clip=1.0, guard=guard
-        )
-        steps.append(_timed(device, run_step))
-        checks.append(_timed(device, lambda: guard.weights_finite(shards)))
-        elementwise.append(
-            _timed(device, lambda: all(bool(torch.isfinite(p).all()) for p in shards))
-        )
-    guard.restore()
-    step, check, full = median(steps[2:]), median(checks[2:]), median(elementwise[2:])
-    print(f"{args.recipe} {' '.join(args.overrides)} on {device}, load {load_average()}")
-    print(
-        f"step (with the check): {step * 1e3:.1f} ms; weight check {check * 1e3:.3f} ms = "
-        f"{check / step:.3%} of a step; isfinite().all() {full * 1e3:.3f} ms = "
-        f"{full / step:.2%}"
-    )
-
-
-def _timed(device: torch.device, fn) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
+    where = "2 gloo ranks" if args.device == "cpu" else "1 GPU"
+    with tempfile.TemporaryDirectory(prefix="yatrain-bench-guard-") as scratch:
+        print(f"{args.recipe} {' '.join(args.overrides)}, {args.steps} steps, log every "
+              f"{args.log_every}, {where}, load {load_average()}")  # fmt: skip
+        args.overrides = [f"data.path={corpus(Path(scratch))}", *args.overrides]
+        print("| yatrain | host waits per step between logs | at a log step | step time |")
+        print("|---|--:|--:|--:|")
+        trees = [("this tree", REPO)]
+        if args.baseline:
+            trees.insert(0, (args.baseline, baseline_tree(args.baseline, Path(scratch) / "old")))
+        runs: dict[str, list[dict]] = {name: [] for name, _ in trees}
+        for repeat in range(args.repeats):  # interleaved: the machine's load hits both alike
+            for name, root in trees:
+                run_dir = Path(scratch) / f"{name.replace(' ', '-')}-{repeat}"
+                runs[name].append(measure(root, args, run_dir))
+        steps = {name: statistics.median(r["step_s"] for r in got) for name, got in runs.items()}
+        for name, got in runs.items():
+            print(f"| {name} | {got[0]['quiet_waits']:.1f} | {got[0]['log_waits']:.1f} | "
+                  f"{steps[name] * 1e3:.1f} ms |")  # fmt: skip
+        if args.baseline:
+            ratio = steps["this tree"] / steps[args.baseline]
+            print(f"step time (median of {args.repeats} interleaved runs), this tree / "
+                  f"{args.baseline}: {ratio:.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
