@@ -120,6 +120,19 @@ def test_a_gpu_memory_that_is_not_positive_is_refused(flag, value):
     assert "a finite number of GiB above 0" in flag_error(flag, value)
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "1e300"])
+def test_sweep_plan_only_refuses_a_gpu_memory_in_the_same_line_as_plan(value):
+    """sweep --plan-only --gpu-memory nan was typer's "less than or equal to 1048576"."""
+    sweep = ["sweep", str(TINY), "--seq-len", "64", "--plan-only", "--gpu-memory", value]
+    with pytest.raises(UsageError) as refused:
+        app(sweep, standalone_mode=False)
+    message = refused.value.format_message()
+    shown = str(float(value))  # how the flag's float is written back: 0.0, 1e+300
+    expected = f"{shown}: it must be a finite number of GiB above 0, from 0.001 to 1048576"
+    assert message.endswith(expected) and "\n" not in message, message
+    assert message == flag_error("--gpu-memory", value)
+
+
 def test_no_runtime_allowance_is_a_valid_plan():
     """0 GiB kept for the runtime: a CPU's fit check plans so (the recipe's comment)."""
     result = plan(str(TINY), "--gpus", "1", "--gpu-memory", "4", "--runtime-allowance", "0")

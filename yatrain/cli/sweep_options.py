@@ -3,6 +3,7 @@ table and plots, no training)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -13,7 +14,19 @@ from yatrain.errors import ConfigError
 # any job has ever had, or a GPU of more than a PiB, is a typo (and would spin the planner).
 MAX_GPUS = 2**20
 MAX_GIB = 2**20
+MIN_GPU_GIB = 0.001  # a plan for less than a MiB per GPU is a typo
 MAX_DIGITS = 18  # a list item longer than this is a typo (int() refuses 4,300 digits)
+
+
+def gib_flag(value: float | None, low: float) -> float | None:
+    """A flag's GiB, checked here rather than by a range: NaN passes every comparison, and
+    a range names only the bound it happened to test ("less than or equal to 1048576")."""
+    if value is None or (math.isfinite(value) and low <= value <= MAX_GIB):
+        return value
+    above = " above 0" if low else ""
+    raise typer.BadParameter(
+        f"{value}: it must be a finite number of GiB{above}, from {low:g} to {MAX_GIB}"
+    )
 
 
 def comma_list(text: str, flag: str) -> list[str]:
@@ -65,8 +78,7 @@ SWEEP_GPUS = typer.Option(
 SWEEP_GPU_MEMORY = typer.Option(
     None,
     "--gpu-memory",
-    min=0.001,
-    max=MAX_GIB,
+    callback=lambda value: gib_flag(value, MIN_GPU_GIB),
     help="With --plan-only: GiB per GPU (default: 80).",
 )
 

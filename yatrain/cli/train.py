@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from yatrain.cli.launch_options import (
 from yatrain.cli.sweep_options import (
     MAX_GIB,
     MAX_GPUS,
+    MIN_GPU_GIB,
     SWEEP_CP,
     SWEEP_GPU_MEMORY,
     SWEEP_GPUS,
@@ -30,6 +30,7 @@ from yatrain.cli.sweep_options import (
     SWEEP_OUTPUT,
     SWEEP_PLAN_ONLY,
     comma_list,
+    gib_flag,
     is_whole_number,
     lengths_of,
     plan_only_sweep,
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 
 # The library (torch and all) is imported inside each command, so that --help, a mistyped
 # command or a bad flag answer at once (tests/integration/test_cli_start.py).
-
-MIN_GPU_GIB = 0.001  # a plan for less than a MiB per GPU is a typo
 
 PLAN_CP = typer.Option(
     None,
@@ -183,17 +182,6 @@ def plan(
         typer.echo(format_plan(result, loaded, recipe, source))
 
 
-def gib_flag(value: float | None, low: float) -> float | None:
-    """A flag's GiB, checked here rather than by a range: NaN passes every comparison, and
-    a range names only the bound it happened to test ("less than or equal to 1048576")."""
-    if value is None or (math.isfinite(value) and low <= value <= MAX_GIB):
-        return value
-    above = " above 0" if low else ""
-    raise typer.BadParameter(
-        f"{value}: it must be a finite number of GiB{above}, from {low:g} to {MAX_GIB}"
-    )
-
-
 def _plan_overrides(
     overrides: list[str], context_parallel: int | None, shard_group_size: str | None
 ) -> list[str]:
@@ -287,7 +275,7 @@ def report(
         None,
         "--output",
         help="Where the PNGs and report.html go (default: RUN_DIR/report for one run, "
-        "./report for several).",
+        "./report for several); a new or empty directory, or an earlier report's.",
     ),
 ) -> None:
     """Chart one run, or several side by side: PNGs and one self-contained HTML file."""
