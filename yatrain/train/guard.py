@@ -10,9 +10,9 @@ all-reduce, is exactly 0.0 or 1.0 and is handed to the optimizer as ``found_inf`
 the device counts it.
 
 A finite gradient can still make the weights non-finite (a learning rate of 1e39 does).
-``note_weights`` checks after the update with one float64 sum over each flat shard (any
-non-finite element makes it non-finite, and no fp32 value can overflow it), reading each
-shard once; the first step that did it is recorded on the device.
+``note_weights`` checks after the update with each flat shard's smallest and largest
+element (``aminmax``: one read of the shard; NaN and infinities propagate, and unlike a sum
+nothing finite can overflow), the first step that did it recorded on the device.
 
 The host reads these device records only where it reads anything (``settle``: at log
 steps, evaluations and saves, through ``runtime.host_reads``): the weights first (non-finite
@@ -141,8 +141,8 @@ class StepGuard:
     def note_weights(self, tensors: list[torch.Tensor]) -> None:
         """Record on the device whether this step's update made any of ``tensors`` (this
         rank's shards) non-finite; the first such step is kept for ``settle``."""
-        sums = torch.stack([t.detach().sum(dtype=torch.float64) for t in tensors])
-        bad = ~torch.isfinite(sums).all()
+        extremes = torch.cat([torch.stack(torch.aminmax(t.detach())) for t in tensors if t.numel()])
+        bad = ~torch.isfinite(extremes).all()
         first = bad & (self._first_bad == 0)
         self._first_bad = torch.where(first, self.step_number, self._first_bad)
 
