@@ -65,13 +65,18 @@ def test_context_parallel_sizes_of_a_huge_group_are_found_to_its_square_root():
 
 def test_a_cp_size_that_does_not_divide_a_huge_world_is_one_short_line():
     """1,023,998,976 ranks (1024 x 999,999 nodes): the line listed every divisor, found by
-    a loop to n (54 s); now a few, the closest to the size asked."""
+    a loop to n (54 s); now a few, the closest to the size asked, of those that also cut
+    the sequence into 2 x CP chunks (11, 13 and 22 divide the world, not 205,632 / 2)."""
     world = 1024 * 999_999
-    recipe = load_recipe(TINY, ["data.seq_len=238", "sharding.context_parallel=17"])
+    seq = 2 * 17 * 2**4 * 3**3 * 7  # 205,632 tokens: shares 2**4 x 3**3 x 7 with the world
+    sets = [f"model.max_seq_len={seq}", f"data.seq_len={seq}", "sharding.context_parallel=17"]
     with pytest.raises(ConfigError) as refused:
-        context_parallel(recipe, world)
-    named = "set it to a divisor of 1023998976 such as 11, 12, 13, 14, 16, 18, 21, 22 (the"
+        context_parallel(load_recipe(TINY, sets), world)
+    named = "set it to a divisor of 1023998976 such as 8, 9, 12, 14, 16, 18, 21, 24 (the"
     assert named in str(refused.value)
+    short = load_recipe(TINY, ["data.seq_len=238", "sharding.context_parallel=17"])
+    with pytest.raises(ConfigError, match=r"set it to one of 1, 7 \(the world"):
+        context_parallel(short, world)  # 238 = 2 x 7 x 17: of the world's divisors, 1 and 7
     grouped = load_recipe(TINY, ["sharding.shard_group_size=7"])
     with pytest.raises(ConfigError, match=r"such as 1, 2, 3, 4, 6, 8, 9, 12 \(usually"):
         shard_group_size(grouped, 2**10 * 3**4, 8)

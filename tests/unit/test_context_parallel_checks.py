@@ -60,15 +60,29 @@ def test_sequence_not_cut_into_2_x_cp_chunks():
 def test_cp_not_dividing_the_world():
     message = refusal(validate_world_size, recipe("sharding.context_parallel=4"), 6)
     assert "'sharding.context_parallel' 4 does not divide the world size (6)" in message
-    assert "one of 1, 2, 3, 6" in message
+    assert "set it to one of 1, 2 (" in message  # 3 and 6 divide 6 but cannot cut 128 tokens
 
 
 def test_cp_not_dividing_the_shard_group():
     hybrid = recipe("sharding.context_parallel=4", "sharding.shard_group_size=2")
     message = refusal(shard_group_size, hybrid, 8, 2)
     assert "'sharding.context_parallel' 4 does not divide the shard group of 2 ranks" in message
+    assert message.endswith("set context_parallel to one of 1, 2")
     whole = recipe("sharding.context_parallel=4")  # the shard group is the world: its line
     assert "does not divide the world size (6)" in refusal(shard_group_size, whole, 6, 6)
+
+
+def test_cp_sizes_suggested_cut_the_sequence():
+    """A CP size c cuts data.seq_len into 2 x c chunks only if 2 x c divides it: the sizes
+    suggested were every divisor, 3 among them, which the recipe's own check then refused."""
+    sets = ["data.seq_len=131072", "sharding.context_parallel=2"]
+    long = load_recipe(ROOT / "recipes/llama3_1_8b.yaml", sets)
+    message = refusal(validate_world_size, long, 3)  # 131,072 tokens: 3 cannot cut them
+    assert message.startswith("'sharding.context_parallel' 2 does not divide the world size (3)")
+    assert "set it to 1 (the world" in message
+    hybrid = recipe("sharding.context_parallel=4", "sharding.shard_group_size=6")
+    message = refusal(shard_group_size, hybrid, 12, 6)  # 128 tokens: 3 and 6 cannot cut them
+    assert message.endswith("set context_parallel to one of 1, 2")
 
 
 def test_batch_not_split_over_the_data_ranks():

@@ -19,7 +19,7 @@ from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
 from yatrain.recipe.config import ModelConfig, Recipe
 from yatrain.recipe.schema import build_dataclass, to_dict
-from yatrain.recipe.topology import context_parallel, divisors, shard_group_size
+from yatrain.recipe.topology import context_parallel, cp_sizes, divisors, shard_group_size
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
@@ -53,9 +53,8 @@ def _either(items: list[int], near: int) -> str:
 
 def _cut_sizes(recipe: Recipe, ranks: int) -> str:
     """The CP sizes ``ranks`` GPUs can take that also cut the sequence into 2 x CP equal
-    chunks (the recipe's next check, ``checks._check_context_parallel``); 1 always can."""
-    seq, cp = recipe.data.seq_len, recipe.sharding.context_parallel
-    return _either([c for c in divisors(ranks) if c == 1 or seq % (2 * c) == 0], cp)
+    chunks (the recipe's next check, ``checks.cuts_window``); 1 always can."""
+    return _either(cp_sizes(ranks, recipe.data.seq_len), recipe.sharding.context_parallel)
 
 
 def _check_planned_context(recipe: Recipe, gpus: int) -> None:

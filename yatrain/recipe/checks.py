@@ -89,12 +89,18 @@ def _check_gpu_memory(r: Recipe) -> None:
         )
 
 
+def cuts_window(seq_len: int, cp: int) -> bool:
+    """Whether ``cp`` ranks can share a window of ``seq_len`` tokens: each holds 2 of 2 x CP
+    equal chunks (the zigzag that balances causal attention); one rank holds it whole."""
+    return cp == 1 or seq_len % (2 * cp) == 0
+
+
 def _check_context_parallel(r: Recipe) -> None:
     """A window is cut into 2 x CP equal chunks. The fix named is one the recipe can take: a
     length within model.max_seq_len, else a CP size that cuts this length."""
     cp, seq_len = r.sharding.context_parallel, r.data.seq_len
     chunks = 2 * cp
-    if cp == 1 or seq_len % chunks == 0:
+    if cuts_window(seq_len, cp):
         return
     lengths = (-(-seq_len // chunks) * chunks, seq_len // chunks * chunks)
     fixes = [str(n) for n in lengths if 0 < n <= r.model.max_seq_len][:1]

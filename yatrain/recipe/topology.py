@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from yatrain.errors import ConfigError
+from yatrain.recipe.checks import cuts_window
 from yatrain.recipe.config import Recipe
 
 NAMED_DIVISORS = 8  # an error line names at most this many
@@ -106,8 +107,9 @@ def context_parallel(recipe: Recipe, world_size: int, plan: bool = False) -> int
         )
     if world_size % cp:
         where = f"--gpus {world_size}" if plan else f"the world size ({world_size})"
-        fix = f"pass --context-parallel {_divisors(world_size, cp)}, or plan for a multiple of "
-        fix = f"{fix}{cp} GPUs" if plan else f"set it to {_divisors(world_size, cp)}"
+        sizes = _named(cp_sizes(world_size, recipe.data.seq_len), world_size, cp)
+        fix = f"pass --context-parallel {sizes}, or plan for a multiple of "
+        fix = f"{fix}{cp} GPUs" if plan else f"set it to {sizes}"
         raise ConfigError(
             f"'sharding.context_parallel' {cp} does not divide {where}: {fix} (the world is "
             "data x context ranks)"
@@ -133,7 +135,8 @@ def shard_group_size(recipe: Recipe, world_size: int, local_world_size: int) -> 
         raise ConfigError(
             f"'sharding.context_parallel' {cp} does not divide the shard group of {size} "
             f"ranks ('sharding.shard_group_size' {wanted}): a window's ranks must sit in one "
-            f"shard group; set context_parallel to {_divisors(size, cp)}"
+            f"shard group; set context_parallel to "
+            f"{_named(cp_sizes(size, recipe.data.seq_len), size, cp)}"
         )
     if world_size % size == 0:
         return size
@@ -153,9 +156,22 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
+def cp_sizes(ranks: int, seq_len: int) -> list[int]:
+    """The CP sizes ``ranks`` ranks can take (divisors) that also cut a window of ``seq_len``
+    tokens (``checks.cuts_window``): the only ones a refusal may suggest; 1 always can."""
+    return [c for c in divisors(ranks) if cuts_window(seq_len, c)]
+
+
 def _divisors(n: int, near: int) -> str:
     """``one of 1, 2, 4, 8``; of many, the few closest to the size that was asked."""
-    found = divisors(n)
+    return _named(divisors(n), n, near)
+
+
+def _named(found: list[int], n: int, near: int) -> str:
+    """``1``, ``one of 1, 2, 4, 8``; of many (divisors of ``n``), the few closest to
+    ``near``, the size that was asked."""
+    if len(found) == 1:
+        return str(found[0])
     if len(found) <= NAMED_DIVISORS:
         return f"one of {', '.join(map(str, found))}"
     closest = sorted(sorted(found, key=lambda k: (abs(k - near), k))[:NAMED_DIVISORS])
