@@ -6,6 +6,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from yatrain.cli import sweep_options
 from yatrain.errors import ConfigError
 from yatrain.recipe.checks import check_vocab
 from yatrain.recipe.config import Recipe, recipe_to_dict
@@ -361,13 +362,15 @@ def test_reduce_staging_budget_accepts_auto_and_mebibytes():
         assert recipe.sharding.reduce_staging_mib == value
 
 
-@pytest.mark.parametrize("value", [1e30, 2**20 + 1, 1e-9, 0.0009])
+@pytest.mark.parametrize("value", [1e30, 2**20 + 1, 1e-9, 0.0009, 0, -1])
 def test_gpu_memory_gib_is_bounded_as_the_planners_gpu_memory_flag(value):
     """1e30 planned a 5e28 GiB peak (5% of it kept for fragmentation); 1e-9 planned nothing
-    that fits. The bounds are ``yatrain plan --gpu-memory``'s: 0.001 to 1048576 GiB."""
+    that fits. The bounds are ``yatrain plan --gpu-memory``'s: 0.001 to 1048576 GiB (0 and
+    -1 were the schema's "must be positive", without them)."""
     msg = error(set_key(tiny(), "sharding.gpu_memory_gib", value))
-    assert "'sharding.gpu_memory_gib'" in msg, msg
-    assert "0.001" in msg and "1048576" in msg, msg
+    assert msg.startswith(f"'sharding.gpu_memory_gib' ({value:g}) must be from 0.001 to 1048576 ")
+    assert "e.g. 80" in msg, msg
+    assert (sweep_options.MIN_GPU_GIB, sweep_options.MAX_GIB) == (0.001, 1048576)  # the flag's
 
 
 def test_gpu_memory_gib_takes_its_bounds_and_null():

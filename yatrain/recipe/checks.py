@@ -11,11 +11,13 @@ import math
 from pathlib import Path
 
 from yatrain.errors import ConfigError
-from yatrain.recipe.config import STAGING_MIN_MIB, DataConfig, Recipe
-
-# The GiB per device a plan can be for: ``yatrain plan --gpu-memory``'s bounds (a MiB to a
-# PiB); beyond them a value is a typo, and 5% of 1e30 GiB is a fragmentation allowance.
-GPU_GIB_MIN, GPU_GIB_MAX = 0.001, 2**20
+from yatrain.recipe.config import (
+    GPU_GIB_MAX,
+    GPU_GIB_MIN,
+    STAGING_MIN_MIB,
+    DataConfig,
+    Recipe,
+)
 
 
 def check_shapes(r: Recipe) -> None:

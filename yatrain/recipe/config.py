@@ -154,6 +154,9 @@ class OptimConfig:
 # A smaller reduce-scatter staging budget cuts each unit's gradient into so many collectives
 # (one per column at a byte) that a step never ends; 1 MiB is still thousands per layer.
 STAGING_MIN_MIB = 1
+# sharding.gpu_memory_gib's bounds, as ``yatrain plan --gpu-memory``'s (a MiB to a PiB):
+# beyond them a value is a typo, and 5% of 1e30 GiB is a fragmentation allowance.
+GPU_GIB_MIN, GPU_GIB_MAX = 0.001, 2**20
 
 
 @dataclass(kw_only=True)
@@ -168,7 +171,9 @@ class ShardingConfig:
     # 1% of the device's memory) (sharding/sizes.py); at least STAGING_MIN_MIB.
     reduce_staging_mib: float | Literal["auto"] = _limit("auto", gt=0, le=2**20)  # <= 1 TiB
     # Device memory "auto" plans against; None = the GPU's total memory (a CPU has no limit).
-    gpu_memory_gib: float | None = _limit(None, gt=0)
+    # From GPU_GIB_MIN to GPU_GIB_MAX, checked by checks._check_gpu_memory (one line naming
+    # both bounds, which a schema bound cannot for a value below its lower one).
+    gpu_memory_gib: float | None = None
     # true: one process also runs the multi-rank path in a one-rank group (checks it on one
     # GPU; same results as its direct path, slower).
     force_process_group: bool = False
