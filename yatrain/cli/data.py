@@ -153,7 +153,7 @@ def _summary(manifest: dict) -> str:
             else ", no validation split"
         )
         + f", {manifest['tokenizer_kind']} tokenizer with vocab {manifest['vocab_size']}"
-        + (f", {skipped:,} bad records skipped" if skipped else "")  # pinned by test_inputs
+        + (f", {_count(skipped, 'bad record')} skipped" if skipped else "")  # pinned by test_inputs
         + (
             f", {_count(empty, 'empty document')} dropped"
             if (empty := manifest["empty_documents"])
