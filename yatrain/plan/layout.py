@@ -19,7 +19,13 @@ from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
 from yatrain.recipe.config import ModelConfig, Recipe
 from yatrain.recipe.schema import build_dataclass, to_dict
-from yatrain.recipe.topology import context_parallel, cp_sizes, divisors, shard_group_size
+from yatrain.recipe.topology import (
+    batch_sizes_near,
+    context_parallel,
+    cp_sizes,
+    divisors,
+    shard_group_size,
+)
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 from yatrain.sharding.traffic import StepTraffic, step_traffic
@@ -95,8 +101,7 @@ def _check_planned_batch(recipe: Recipe, gpus: int) -> None:
     group = recipe.sharding.shard_group_size
     counts = [c for c in counts if not isinstance(group, int) or c % group == 0]
     named = f"plan for --gpus {_either(counts, gpus)}, or " if counts else ""
-    lower = data.global_batch_size // per_step * per_step
-    multiples = [lower, lower + per_step] if lower else [per_step, 2 * per_step]
+    multiples = batch_sizes_near(data.global_batch_size, per_step)
     over = f"--gpus {gpus}"
     if cp > 1:
         over = f"{ranks} data ranks (--gpus {gpus} / --context-parallel {cp})"

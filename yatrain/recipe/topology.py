@@ -71,8 +71,7 @@ def _check_batch(recipe: Recipe, world_size: int, cp: int) -> None:
     per_step = data.micro_batch_size * world_size // cp
     if data.global_batch_size % per_step == 0:
         return
-    lower = data.global_batch_size // per_step * per_step
-    valid = [lower, lower + per_step] if lower else [per_step, 2 * per_step]
+    valid = batch_sizes_near(data.global_batch_size, per_step)
     ranks = f"world size ({world_size})"
     if cp > 1:
         ranks = f"data ranks (world size {world_size} / sharding.context_parallel {cp})"
@@ -82,6 +81,13 @@ def _check_batch(recipe: Recipe, world_size: int, cp: int) -> None:
         f"{per_step}; set it to a multiple of {per_step} such as "
         f"{' or '.join(map(str, valid))}, or change data.micro_batch_size"
     )
+
+
+def batch_sizes_near(global_batch_size: int, per_step: int) -> list[int]:
+    """The two multiples of ``per_step`` (sequences a step of every data rank takes) that a
+    refused global batch size lies between, to suggest in its place."""
+    lower = global_batch_size // per_step * per_step
+    return [lower, lower + per_step] if lower else [per_step, 2 * per_step]
 
 
 def context_parallel(recipe: Recipe, world_size: int, plan: bool = False) -> int:
