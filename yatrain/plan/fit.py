@@ -11,7 +11,7 @@ one whole plan answers both questions.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from yatrain.common import format_bytes
 from yatrain.errors import ConfigError
@@ -173,11 +173,17 @@ def largest_micro_batch(
         args = (have, allowance)
         return bool(plan_for_layers(small, world_size, n, *args, shard_group=shard_group).fits)
 
-    low, high = 0, len(sizes)  # sizes[:low] fit, sizes[high:] do not
+    return _largest_fitting(sizes, fits)
+
+
+def _largest_fitting(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """The largest of the ascending ``candidates`` that ``fits`` (a bisection: what fits is
+    a prefix, the peak only growing with the candidate); None if none does."""
+    low, high = 0, len(candidates)  # candidates[:low] fit, candidates[high:] do not
     while low < high:
         mid = (low + high) // 2
-        low, high = (mid + 1, high) if fits(sizes[mid]) else (low, mid)
-    return sizes[low - 1] if low else None
+        low, high = (mid + 1, high) if fits(candidates[mid]) else (low, mid)
+    return candidates[low - 1] if low else None
 
 
 def longest_masked_window(
@@ -205,11 +211,7 @@ def longest_masked_window(
 
     if fits(recipe.data.seq_len):
         return recipe.data.seq_len
-    low, high = 0, recipe.data.seq_len // step  # in steps: fits(low * step), not high's
-    while low + 1 < high:
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid * step) else (low, mid)
-    return low * step if low else None
+    return _largest_fitting(range(step, recipe.data.seq_len, step), fits)
 
 
 def document_mask_words(
