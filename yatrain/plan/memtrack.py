@@ -11,6 +11,11 @@ again when the storage dies. ``peak`` is the largest total seen since the last
 What it does not see: storages allocated before the context opened (unless ``adopt``-ed),
 scratch memory inside a kernel, and buffers a communication library allocates on its own
 threads. Storages are counted by their byte size, not by the allocator's rounded block size.
+
+A storage is known by identity (torch keeps one Python object per storage for as long as the
+storage lives), not by its address: a fake tensor (``FakeTensorMode``, a dry run) has none,
+and its storage is a meta one; it counts on the device its tensor reports. Tensors on the
+meta device itself hold no memory and are not counted.
 """
 
 from __future__ import annotations
@@ -23,18 +28,15 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def _storages(tree) -> list[torch.UntypedStorage]:
+def _storages(tree) -> list[tuple[torch.UntypedStorage, torch.device]]:
+    """Each storage in ``tree`` with the device it counts on (its tensor's: see above)."""
     found = []
     for leaf in pytree.tree_leaves(tree):
         if isinstance(leaf, torch.Tensor):
-            found.append(leaf.untyped_storage())
+            found.append((leaf.untyped_storage(), leaf.device))
         elif isinstance(leaf, torch.UntypedStorage):
-            found.append(leaf)
+            found.append((leaf, leaf.device))
     return found
-
-
-def _key(storage: torch.UntypedStorage) -> tuple[str, int]:
-    return str(storage.device), storage.data_ptr()
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -51,16 +53,16 @@ class LiveTensorTracker(TorchDispatchMode):
         self.device_type = None if device is None else torch.device(device).type
         self.current = 0
         self.peak = 0
-        self._live: dict[tuple[str, int], int] = {}  # storage key -> bytes counted
-        self._refs: dict[tuple[str, int], weakref.finalize] = {}
+        self._live: dict[int, int] = {}  # id(storage) -> bytes counted
+        self._refs: dict[int, weakref.finalize] = {}
 
     # ------------------------------------------------------------------ bookkeeping
-    def _add(self, storage: torch.UntypedStorage) -> None:
-        if storage.device.type == "meta":
+    def _add(self, storage: torch.UntypedStorage, device: torch.device) -> None:
+        if device.type == "meta":
             return
-        if self.device_type is not None and storage.device.type != self.device_type:
+        if self.device_type is not None and device.type != self.device_type:
             return
-        key = _key(storage)
+        key = id(storage)  # unique while it lives; ``_drop`` forgets it when it dies
         nbytes = storage.nbytes()
         if key in self._live or nbytes == 0:
             return
@@ -69,7 +71,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self.current += nbytes
         self.peak = max(self.peak, self.current)
 
-    def _drop(self, key: tuple[str, int]) -> None:
+    def _drop(self, key: int) -> None:
         nbytes = self._live.pop(key, 0)
         self._refs.pop(key, None)
         self.current -= nbytes
@@ -77,7 +79,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count tensors that existed before the context opened (e.g. a model's weights)."""
         for tensor in tensors:
-            self._add(tensor.untyped_storage())
+            self._add(tensor.untyped_storage(), tensor.device)
 
     def reset_peak(self) -> None:
         """Start a new measurement window: peak = what is live now."""
@@ -86,10 +88,10 @@ class LiveTensorTracker(TorchDispatchMode):
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {_key(s) for s in _storages((args, kwargs))}
-        for storage in _storages(out):
-            if _key(storage) not in inputs:
-                self._add(storage)
+        inputs = {id(storage) for storage, _ in _storages((args, kwargs))}
+        for storage, device in _storages(out):
+            if id(storage) not in inputs:
+                self._add(storage, device)
         return out
 
     def __exit__(self, *exc) -> None:
