@@ -4,6 +4,7 @@ many pieces, no gather for a backward that reads no weights, buffers as ``sizes.
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from engine_reference import (
     engine_for,
     loss_of,
     max_rel,
+    optimizer_for,
     reference,
     train_sharded,
     weights_rel,
@@ -24,6 +26,7 @@ from yatrain.models.llama import build_model
 from yatrain.sharding.comm import Communicator
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.reduce import ThreadReducer
+from yatrain.train.step import train_step
 
 
 def test_one_rank_process_group_gives_exactly_the_direct_path():
@@ -128,3 +131,48 @@ def test_a_failed_reduce_scatter_in_the_helper_thread_reaches_the_training_threa
     reducer.submit(torch.ones(8), 8, torch.empty(4), None)
     with pytest.raises(ConnectionError, match="peer gone"):
         reducer.drain()
+
+
+def _step_traffic(rank, world, staging_elements):
+    """One step (one micro-batch, bf16 weights, fp32 reduction) of every communicator the
+    engine uses, and what the layout says it must be."""
+    model = build_model(CFG)
+    staging = staging_elements * world * 4
+    engine = engine_for(model, param_dtype=torch.bfloat16, staging_bytes=staging)
+    opt = optimizer_for(engine.param_groups(0.1))
+    tokens = batches(world, steps=1)[0][rank : rank + 1]
+    comms = [engine.comm, engine.buffers.reducer.comm]
+    before = [comm.traffic() for comm in comms]
+    train_step(model, engine, opt, [(tokens[:, :-1], tokens[:, 1:])], grad_clip=1.0)
+    got = {}
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        pairs = [(c.traffic()[kind], b[kind]) for c, b in zip(comms, before, strict=True)]
+        got[kind] = tuple(sum(now[i] - old[i] for now, old in pairs) for i in (0, 1))
+    units = engine.layouts
+    layouts = [*units, engine.small]
+    again = [*engine.reads_weights[:-2], False, False, False]  # the last two stay resident
+
+    def sent(nbytes):
+        return nbytes * (world - 1) // world
+
+    gathered = [sent(2 * lay.padded_numel) * (1 + b) for lay, b in zip(layouts, again, strict=True)]
+    want = {
+        "all_gather": (len(layouts) + sum(again), sum(gathered)),
+        "reduce_scatter": (
+            # the norms' fp32 gradient, accumulated here, goes out whole once a step
+            1 + sum(math.ceil(lay.padded_numel // world / staging_elements) for lay in units),
+            sum(sent(4 * lay.padded_numel) for lay in layouts),
+        ),
+        "all_reduce": (1, sent(2 * 4)),  # the gradient norm's squared sum, one fp32 scalar
+    }
+    return got, want
+
+
+@pytest.mark.parametrize("staging_elements", [37, 1 << 20])
+def test_collectives_are_counted_per_kind(staging_elements):
+    """Gathers (forward, and backward for units gone from memory), reduce-scatters (each
+    unit's gradient in pieces of ``staging_elements`` columns, or whole; the norms' once)
+    and the gradient norm's all-reduce of one step, counted and sized from the layout (ring
+    bytes, bf16 gathers), over both the engine's communicator and its reducer's."""
+    for got, want in run_ranks(2, _step_traffic, staging_elements):
+        assert got == want

@@ -5,11 +5,11 @@ allocated at the first save and reused) and returns; DCP writes the copy to ``.t
 from a thread of its own, and a thread of ours then completes the save exactly as a
 synchronous one is completed (``checkpoint.complete_save``: every rank's file entries
 gathered, rank 0 writes the manifest, renames to ``step-N`` and prunes). Both threads
-communicate over one gloo process group of their own, so their collectives never interleave
-with the training's. At most one save is in flight: the next save waits for it (and reuses
-its host buffers), as do the end of the run and a stop. A process killed while writing
-leaves only ``.tmp-step-N``, which the next start removes: the previous checkpoint stays the
-newest complete one.
+communicate over one gloo process group of their own (a fake world's backend in a dry run),
+so their collectives never interleave with the training's. At most one save is in flight:
+the next save waits for it (and reuses its host buffers), as do the end of the run and a
+stop. A process killed while writing leaves only ``.tmp-step-N``, which the next start
+removes: the previous checkpoint stays the newest complete one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from yatrain.checkpoint.dcp_io import AsyncWrite, HostStager, save_state_async
 from yatrain.checkpoint.dcp_state import training_state
 from yatrain.checkpoint.store import PendingSave, begin_save, complete_save
 from yatrain.sharding import ShardedEngine
+from yatrain.sharding.comm import host_backend
 
 
 class AsyncSaver:
@@ -39,12 +40,13 @@ class AsyncSaver:
         if mesh is None:
             raise RuntimeError("asynchronous checkpoints need a process group (one rank is enough)")
         self.mesh = mesh
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        backend = host_backend()  # gloo, or the default group's (a fake world's)
+        self.group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
         host_mesh = init_device_mesh(
             "cpu",
             tuple(mesh.shape),
             mesh_dim_names=mesh.mesh_dim_names,
-            backend_override={dim: "gloo" for dim in range(mesh.ndim)},
+            backend_override=dict.fromkeys(range(mesh.ndim), backend),
         )
         self.stager = HostStager(host_mesh, pinned=device.type == "cuda")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="yatrain-ckpt")

@@ -10,7 +10,8 @@
   ``init_from``, evaluation) read through ``safe_load`` and never unpickle anything else.
 - DCP warns on every call it makes without a process group. Rather than muting warnings, a
   process working alone gets what DCP asks for: a one-rank gloo group of its own, made for
-  the call (a default group when there is none, else a subgroup of just this rank).
+  the call (a default group when there is none, else a subgroup of just this rank, on the
+  default group's backend in a fake world: ``comm.host_backend``).
 - DCP reports failures as ``CheckpointException``, a ``BaseException``; ``failure_message``
   turns it (or an ``OSError``) into the one line the user sees.
 """
@@ -37,6 +38,7 @@ from torch.distributed.tensor import DTensor
 
 from yatrain.checkpoint.checksums import HashingStream
 from yatrain.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint
+from yatrain.sharding.comm import host_backend
 
 
 class HashingFileSystem(FileSystem):
@@ -197,7 +199,7 @@ def _group(alone: bool = False) -> Iterator[dist.ProcessGroup | None]:
         yield None
     elif dist.is_initialized():
         rank = dist.get_rank()
-        group = dist.new_group([rank], backend="gloo", use_local_synchronization=True)
+        group = dist.new_group([rank], backend=host_backend(), use_local_synchronization=True)
         try:
             yield group
         finally:

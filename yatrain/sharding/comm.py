@@ -20,6 +20,8 @@ differs between devices, so it lives here and nowhere else:
 
 Every collective also counts the bytes this rank sends, so benchmarks report measured traffic,
 and how many collectives this rank has entered (``entered``, what a hang report compares);
+``traffic()`` has both per kind (all-gather, reduce-scatter, all-reduce), the gradient norm's
+scalar sum included (which ``bytes_sent``, the planner's measure, leaves out);
 ``wait`` is timed by the engine's ``clock`` (``timing.IntervalClock``): the exposed
 communication of a step, on CPU the time the thread blocked, on CUDA the time the compute
 stream stalled behind the event it waits on.
@@ -34,9 +36,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from yatrain.sharding.fake_streams import FakeEvent
 from yatrain.sharding.timing import IntervalClock
 
 Step = Callable[[], object] | None  # a stream-ordered step around a collective
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")  # the keys of ``traffic()``
+
+
+def host_backend() -> str:
+    """The backend for a CPU process group of our own beside the default one: the default
+    group's in a gloo world, and in a fake one (torch's fake process group: a gloo group
+    cannot be built on its store), gloo beside NCCL or any other."""
+    backend = str(dist.get_backend())
+    return backend if backend in ("gloo", "fake") else "gloo"
 
 
 def gather_into(
@@ -80,7 +92,7 @@ class Handle:
     """A collective in flight. ``then`` runs once the data has landed (CPU only)."""
 
     work: dist.Work | None = None  # gloo
-    event: torch.cuda.Event | None = None  # CUDA: recorded once the collective has landed
+    event: torch.cuda.Event | FakeEvent | None = None  # CUDA: recorded once it has landed
     then: Step = None
     done: bool = field(default=False)
     kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce" (what a rank waits on)
@@ -94,6 +106,7 @@ class Communicator:
         self.group: dist.ProcessGroup | None = None
         self.bytes_sent = 0
         self.entered = 0  # collectives issued on this communicator
+        self._traffic = dict.fromkeys(KINDS, (0, 0))  # kind -> (collectives, bytes sent)
         self.clock: IntervalClock | None = None  # times ``wait`` (set by the engine)
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor, fill: Step = None) -> Handle:
@@ -116,6 +129,11 @@ class Communicator:
             if step is not None:
                 step()
         return Handle(done=True)
+
+    def traffic(self) -> dict[str, tuple[int, int]]:
+        """Collectives issued so far and the bytes this rank sent in them (ring accounting),
+        per kind: ``{"all_gather": (count, bytes), "reduce_scatter": ..., "all_reduce": ...}``."""
+        return dict(self._traffic)
 
     def wait(self, handle: Handle | None) -> None:
         if handle is None or handle.done:
@@ -153,28 +171,36 @@ class Communicator:
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> None:
         """A synchronous reduction over the group (the gradient norm's sum, float8's
-        amaxes), timed as a wait."""
-        self.entered += 1
+        amaxes), timed as a wait. Counted in ``traffic()``; in ``bytes_sent`` by the caller."""
+        self._enter("all_reduce", ring_bytes(2 * _nbytes(tensor), self.world_size))
         mark = self.clock.start("all-reduce") if self.clock is not None else None
         dist.all_reduce(tensor, op=op, group=self.group)
         if self.clock is not None:
             self.clock.stop(mark)
 
     def _max_counted(self, tensor: torch.Tensor) -> int:
-        sent = ring_bytes(2 * tensor.numel() * tensor.element_size(), self.world_size)
+        sent = ring_bytes(2 * _nbytes(tensor), self.world_size)
         self.bytes_sent += sent
         self._timed_all_reduce(tensor, dist.ReduceOp.MAX)
         return sent
 
-    def _count(self, full: torch.Tensor) -> None:
+    def _enter(self, kind: str, sent: int) -> None:
+        """One more collective of ``kind`` entered, sending ``sent`` bytes."""
         self.entered += 1
-        self.bytes_sent += ring_bytes(full.numel() * full.element_size(), self.world_size)
+        count, total = self._traffic[kind]
+        self._traffic[kind] = (count + 1, total + sent)
+
+    def _count(self, full: torch.Tensor, kind: str) -> None:
+        """An all-gather into, or a reduce-scatter of, the flat tensor ``full``."""
+        sent = ring_bytes(_nbytes(full), self.world_size)
+        self._enter(kind, sent)
+        self.bytes_sent += sent
 
     def _count_all_reduce(self, tensor: torch.Tensor) -> None:
         # Ring all-reduce: a reduce-scatter then an all-gather, 2 (W-1)/W of the tensor.
-        self.entered += 1
-        nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += ring_bytes(2 * nbytes, self.world_size)
+        sent = ring_bytes(2 * _nbytes(tensor), self.world_size)
+        self._enter("all_reduce", sent)
+        self.bytes_sent += sent
 
     def _gather_input(self, out: torch.Tensor, shard: torch.Tensor) -> tuple[torch.Tensor, Step]:
         """The all-gather's input: ``shard`` itself, or (another dtype) this rank's slice of
@@ -202,7 +228,7 @@ class GlooCommunicator(Communicator):
         for step in (fill, cast):
             if step is not None:
                 step()
-        self._count(out)
+        self._count(out, "all_gather")
         work = gather_into(out, source, self.group, async_op=True)
         return Handle(work=work, kind="all-gather")
 
@@ -211,7 +237,7 @@ class GlooCommunicator(Communicator):
     ) -> Handle:
         if before is not None:
             before()
-        self._count(full)
+        self._count(full, "reduce_scatter")
         work = scatter_into(out, full, self.group, async_op=True)
         return Handle(work=work, then=then, kind="reduce-scatter")
 
@@ -221,12 +247,14 @@ class GlooCommunicator(Communicator):
     def second_group(self) -> GlooCommunicator:
         """The same ranks on a process group of their own (collective: every rank calls
         it at the same point), so another thread can issue collectives on it. Shard groups
-        (``peers``) each get theirs, created in the same order on every rank."""
+        (``peers``) each get theirs, created in the same order on every rank, all on the
+        default group's backend (``host_backend``)."""
+        backend = host_backend()
         if self.peers is not None:
-            mine, _ = dist.new_subgroups_by_enumeration(self.peers, backend="gloo")
+            mine, _ = dist.new_subgroups_by_enumeration(self.peers, backend=backend)
             return GlooCommunicator(mine, self.peers)
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
-        return GlooCommunicator(dist.new_group(ranks, backend="gloo"))
+        return GlooCommunicator(dist.new_group(ranks, backend=backend))
 
     def _wait(self, handle: Handle) -> None:
         _work(handle).wait()
@@ -241,6 +269,10 @@ class GlooCommunicator(Communicator):
         self._count_all_reduce(tensor)
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         return Handle(work=work, kind="all-reduce")
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _work(handle: Handle) -> dist.Work:

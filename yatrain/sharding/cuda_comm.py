@@ -6,12 +6,16 @@ recorded on the compute stream; afterwards an event is recorded that the compute
 waits on before it touches the result. A reduction's pieces share one such pair
 (``reduce_scatter_pieces``): the host work of a unit's reduction does not grow with its
 piece count.
+
+The streams and events come from ``torch.cuda``, or (``streams``) from
+``fake_streams.FakeStreams``: the same path on a CPU, for a dry run.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -24,17 +28,25 @@ from yatrain.sharding.comm import (
     gather_into,
     scatter_into,
 )
+from yatrain.sharding.fake_streams import FakeEvent, FakeStreams
 
 
 class CudaStreamCommunicator(Communicator):
     """CUDA: one communication stream, ordered against the compute stream by events only."""
 
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        streams: FakeStreams | None = None,
+    ) -> None:
         super().__init__()
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self.stream = torch.cuda.Stream(device=device)
+        # Looked up per call, so a test's patched ``torch.cuda`` is seen too.
+        self.cuda: ModuleType | FakeStreams = torch.cuda if streams is None else streams
+        self.stream = self.cuda.Stream(device=device)
 
     def _on_comm_stream(
         self,
@@ -44,23 +56,24 @@ class CudaStreamCommunicator(Communicator):
         after: Handle | None = None,
         kind: str = "",
     ) -> Handle:
-        compute_ready = torch.cuda.Event()
-        compute_ready.record(torch.cuda.current_stream())
+        cuda = self.cuda
+        compute_ready = cuda.Event()
+        compute_ready.record(cuda.current_stream())
         self.stream.wait_event(compute_ready)
         if after is not None and after.event is not None:  # another stream's collective
             self.stream.wait_event(after.event)
-        with torch.cuda.stream(self.stream):
+        with cuda.stream(self.stream):
             if before is not None:
                 before()
             collective()  # NCCL makes the current (communication) stream wait for it
             if then is not None:
                 then()  # stream-ordered after the collective: no CPU sync needed
-            landed = torch.cuda.Event()
+            landed = cuda.Event()
             landed.record(self.stream)
         return Handle(event=landed, kind=kind)
 
     def all_gather(self, out: torch.Tensor, shard: torch.Tensor, fill: Step = None) -> Handle:
-        self._count(out)
+        self._count(out, "all_gather")
         source, cast = self._gather_input(out, shard)
         steps = [step for step in (fill, cast) if step is not None]
         before = (lambda: [step() for step in steps]) if steps else None
@@ -73,7 +86,7 @@ class CudaStreamCommunicator(Communicator):
     def reduce_scatter(
         self, out: torch.Tensor, full: torch.Tensor, *, before: Step = None, then: Step = None
     ) -> Handle:
-        self._count(full)
+        self._count(full, "reduce_scatter")
         return self._on_comm_stream(
             lambda: scatter_into(out, full, self.group, async_op=False),
             before,
@@ -86,7 +99,7 @@ class CudaStreamCommunicator(Communicator):
         event from the compute stream and ahead of one landed event: the host work of a
         unit's reduction does not grow with its piece count."""
         for piece in pieces:
-            self._count(piece.full)
+            self._count(piece.full, "reduce_scatter")
 
         def in_order() -> None:
             for piece in pieces:
@@ -102,7 +115,7 @@ class CudaStreamCommunicator(Communicator):
         if handle is None or handle.done:
             return
         mark = self.clock.start(handle.kind) if self.clock is not None else None
-        torch.cuda.current_stream().wait_event(_event(handle))  # the stall: between the marks
+        self.cuda.current_stream().wait_event(_event(handle))  # the stall: between the marks
         if self.clock is not None:
             self.clock.stop(mark)
         handle.done = True  # ``then`` already ran on the communication stream
@@ -122,7 +135,7 @@ class CudaStreamCommunicator(Communicator):
         return self._on_comm_stream(collective, after=after, kind="all-reduce")
 
 
-def _event(handle: Handle) -> torch.cuda.Event:
+def _event(handle: Handle) -> torch.cuda.Event | FakeEvent:
     """A CUDA handle's landed event (every one it issues has one)."""
     if handle.event is None:
         raise RuntimeError(f"a {handle.kind or 'collective'} handle without its event")

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from yatrain.sharding.comm import Communicator, GlooCommunicator
 from yatrain.sharding.cuda_comm import CudaStreamCommunicator
+from yatrain.sharding.fake_streams import FakeStreams
 
 REPLICATE, SHARD = "replicate", "shard"  # the mesh's dimension names
 
@@ -41,22 +42,28 @@ def communicators(
     device: torch.device,
     *,
     force_group: bool,
+    cuda_path: bool = False,
 ) -> tuple[Communicator, Communicator | None]:
     """(the shard group's communicator, the replicas' or None) for a process ``group`` or a
-    ``mesh`` (1-D: full sharding over it; 2-D: replicas x shard group)."""
+    ``mesh`` (1-D: full sharding over it; 2-D: replicas x shard group); ``cuda_path``: see
+    ``make_communicator``."""
     if mesh is None:
-        return make_communicator(group, device, force_group=force_group), None
+        return make_communicator(group, device, force_group=force_group, cuda_path=cuda_path), None
     if group is not None:
         raise ValueError("pass a process group or a device mesh, not both")
     if mesh.ndim == 1:
-        return make_communicator(mesh.get_group(), device, force_group=force_group), None
+        one = mesh.get_group()
+        return make_communicator(one, device, force_group=force_group, cuda_path=cuda_path), None
     if mesh.ndim != 2:
         raise ValueError(f"the engine takes a 1-D or 2-D device mesh, got {mesh.ndim}-D")
     peers = [row.tolist() for row in mesh.mesh]  # every shard group: for groups of their own
-    shard = make_communicator(mesh.get_group(1), device, force_group=force_group, peers=peers)
+    shard = make_communicator(
+        mesh.get_group(1), device, force_group=force_group, peers=peers, cuda_path=cuda_path
+    )
     replicas = mesh.size(0)
-    replica = make_communicator(mesh.get_group(0), device) if replicas > 1 else None
-    return shard, replica
+    if replicas == 1:
+        return shard, None
+    return shard, make_communicator(mesh.get_group(0), device, cuda_path=cuda_path)
 
 
 def make_communicator(
@@ -65,10 +72,13 @@ def make_communicator(
     *,
     force_group: bool = False,
     peers: list[list[int]] | None = None,
+    cuda_path: bool = False,
 ) -> Communicator:
     """Pick the implementation for this device. A single process needs no process group;
     ``force_group`` uses the group's collectives even with one rank (tests the real path).
-    ``peers``: the ranks of every group like ``group`` (shard groups, see groups.py)."""
+    ``peers``: the ranks of every group like ``group`` (shard groups, see groups.py).
+    ``cuda_path``: the CUDA kind on a CPU device too, on streams and events that do nothing
+    (``fake_streams.py``): what a dry run measures, since a GPU rank runs that path."""
     initialized = dist.is_available() and dist.is_initialized()
     if force_group and not initialized:
         raise RuntimeError(
@@ -78,4 +88,6 @@ def make_communicator(
         return Communicator()
     if device.type == "cuda":
         return CudaStreamCommunicator(group, device)
+    if cuda_path:
+        return CudaStreamCommunicator(group, device, FakeStreams())
     return GlooCommunicator(group, peers)

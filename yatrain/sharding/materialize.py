@@ -5,6 +5,11 @@ its own to materialise), lets the caller initialise it (deterministically per un
 so the values do not depend on the world size), keeps only its own slice, and frees the unit
 before the next: the full model never exists anywhere. Norms (and other 1-D tensors) form
 the small group, which is small enough to assemble in full before slicing.
+
+Modules are given memory by ``_materialize``, not ``nn.Module.to_empty``: each tensor still on
+the meta device once (a norm its decoder layer already materialised is left alone), and by
+replacing it rather than swapping it, which torch refuses under ``FakeTensorMode`` (its
+converter keeps a weak reference to every fake parameter: "Couldn't swap Embedding.weight").
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def materialize_shards(
             for slot in layouts[index].slots:
                 delattr(slot.module, slot.attr)
             continue
-        unit.to_empty(device=device)
+        _materialize(unit, device)
         layout = layouts[index]
         start, end = layout.shard_range(rank)
         init_unit(index, _kept(layout.slots, start, end) | _kept(other_small, 0, small.numel))
@@ -60,13 +65,33 @@ def materialize_shards(
             if tensor is not None and not tensor.is_meta:
                 delattr(slot.module, slot.attr)
     for norm in norms:
-        norm.to_empty(device=device)
+        _materialize(norm, device)
     init_norms()
     _copy_slots(norm_slots, small_full, 0, small.padded_numel)
     for slot in norm_slots:
         delattr(slot.module, slot.attr)
     start, end = small.shard_range(rank)
     return master, small_full[start:end].clone(), offsets
+
+
+def _materialize(module: nn.Module, device: torch.device) -> None:
+    """Give each parameter and buffer of ``module`` that is still on the meta device new,
+    uninitialised memory on ``device``; one tensor held by two modules stays shared."""
+    new: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(meta) -> (meta, its memory)
+    for sub in module.modules():
+        named = [
+            *sub.named_parameters(recurse=False, remove_duplicate=False),
+            *sub.named_buffers(recurse=False, remove_duplicate=False),
+        ]
+        for name, tensor in named:
+            if not tensor.is_meta:
+                continue
+            if id(tensor) not in new:
+                memory = torch.empty_like(tensor, device=device)
+                if isinstance(tensor, nn.Parameter):
+                    memory = nn.Parameter(memory, requires_grad=tensor.requires_grad)
+                new[id(tensor)] = (tensor, memory)
+            setattr(sub, name, new[id(tensor)][1])  # a buffer stays a buffer
 
 
 def _kept(slots: list[ParamSlot], start: int, end: int) -> dict[str, tuple[int, int]]:
