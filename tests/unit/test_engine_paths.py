@@ -141,13 +141,13 @@ def _step_traffic(rank, world, staging_elements):
     engine = engine_for(model, param_dtype=torch.bfloat16, staging_bytes=staging)
     opt = optimizer_for(engine.param_groups(0.1))
     tokens = batches(world, steps=1)[0][rank : rank + 1]
-    comms = [engine.comm, engine.buffers.reducer.comm]
-    before = [comm.traffic() for comm in comms]
+    before = engine.traffic()  # every communicator of the engine, merged
     train_step(model, engine, opt, [(tokens[:, :-1], tokens[:, 1:])], grad_clip=1.0)
-    got = {}
-    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
-        pairs = [(c.traffic()[kind], b[kind]) for c, b in zip(comms, before, strict=True)]
-        got[kind] = tuple(sum(now[i] - old[i] for now, old in pairs) for i in (0, 1))
+    after = engine.traffic()
+    got = {
+        kind: tuple(after[kind][i] - before.get(kind, (0, 0))[i] for i in (0, 1))
+        for kind in ("all_gather", "reduce_scatter", "all_reduce")
+    }
     units = engine.layouts
     layouts = [*units, engine.small]
     again = [*engine.reads_weights[:-2], False, False, False]  # the last two stay resident

@@ -72,13 +72,14 @@ class ShardedEngine:
         force_process_group: bool = False,
         staging_bytes: int | None = None,
         float8: Float8Format | None = None,
+        cuda_path: bool = False,
     ) -> None:
         if prefetch_depth < 1:
             raise ValueError("prefetch_depth must be at least 1")
         self.device = torch.device(device)
         self.mesh = mesh  # a checkpoint is sharded over it too (groups.py)
         self.comm, self.replica_comm = communicators(
-            group, mesh, self.device, force_group=force_process_group
+            group, mesh, self.device, force_group=force_process_group, cuda_path=cuda_path
         )
         # shard_size ranks share each unit; world_size ranks (replicas x shard group) train.
         self.shard_size, self.rank = self.comm.world_size, self.comm.rank
@@ -198,7 +199,8 @@ class ShardedEngine:
         groups.py), ``force_process_group`` (use the process group's collectives and the
         buffers even with one rank, as with many: how one GPU tests the real path),
         ``staging_bytes`` (the reduce-scatter staging budget; None: ``auto``, ``sizes.py``),
-        ``float8`` (gather the weights it names in float8, ``float8.py``)."""
+        ``float8`` (gather the weights it names in float8, ``float8.py``), ``cuda_path`` (the
+        CUDA path on a CPU device, over fake streams: a dry run's choice, groups.py)."""
         return cls(model, init or InitHooks.from_seed(model, seed), device=device, **options)
 
     def buffer_plan(self) -> EngineBuffers:
@@ -323,6 +325,19 @@ class ShardedEngine:
         reducer = self.buffers.reducer
         extra = reducer.comm.bytes_sent if reducer and reducer.comm is not self.comm else 0
         return self.comm.bytes_sent + extra
+
+    def traffic(self) -> dict[str, tuple[int, int]]:
+        """The engine's collectives by kind, ``(count, bytes sent)``, over its communicators:
+        the shard group's, its reducer's own, the replicas'."""
+        reducer = self.buffers.reducer
+        comms = [self.comm, self.replica_comm]
+        comms += [reducer.comm] if reducer and reducer.comm is not self.comm else []
+        total: dict[str, tuple[int, int]] = {}
+        for comm in filter(None, comms):
+            for kind, (count, sent) in comm.traffic().items():
+                before = total.get(kind, (0, 0))
+                total[kind] = (before[0] + count, before[1] + sent)
+        return total
 
     @property
     def bytes_sent_cross(self) -> int:
