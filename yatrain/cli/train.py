@@ -86,6 +86,12 @@ def pretrain(
     verify: bool = typer.Option(
         True, "--verify/--no-verify", help="Check checkpoint checksums before loading one."
     ),
+    reset_optimizer: bool = typer.Option(
+        False,
+        "--reset-optimizer",
+        help="Resume a checkpoint written with another optim.name: its weights and data "
+        "position, this optimizer's state started afresh (else refused).",
+    ),
     tensor_peak_step: int | None = typer.Option(
         None,
         "--tensor-peak-step",
@@ -119,7 +125,12 @@ def pretrain(
         steps=steps,
         resume=resume,
         progress=progress,
-        checks=Checks(fit=fit_check, verify=verify, tensor_step=tensor_peak_step),
+        checks=Checks(
+            fit=fit_check,
+            verify=verify,
+            tensor_step=tensor_peak_step,
+            reset_optimizer=reset_optimizer,
+        ),
     )
 
 

@@ -83,7 +83,7 @@ class Handle:
     event: torch.cuda.Event | None = None  # CUDA: recorded once the collective has landed
     then: Step = None
     done: bool = field(default=False)
-    kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce" (what a rank waits on)
+    kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce", "all-to-all" (waited on)
 
 
 class Communicator:
@@ -146,6 +146,15 @@ class Communicator:
         caller issues it once that one has finished)."""
         return Handle(done=True)
 
+    def all_to_all(
+        self, out: torch.Tensor, source: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> Handle:
+        """Send ``in_splits[r]`` consecutive elements of ``source`` to each rank r and receive
+        ``out_splits[r]`` from each into ``out`` (uneven splits: Muon's whole-matrix owners)."""
+        self._count_all_to_all(source, in_splits)
+        out.copy_(source)
+        return Handle(done=True)
+
     def _wait(self, handle: Handle) -> None:
         raise NotImplementedError
 
@@ -169,6 +178,11 @@ class Communicator:
     def _count(self, full: torch.Tensor) -> None:
         self.entered += 1
         self.bytes_sent += ring_bytes(full.numel() * full.element_size(), self.world_size)
+
+    def _count_all_to_all(self, source: torch.Tensor, in_splits: list[int]) -> None:
+        # Point to point: everything but what this rank keeps.
+        self.entered += 1
+        self.bytes_sent += (sum(in_splits) - in_splits[self.rank]) * source.element_size()
 
     def _count_all_reduce(self, tensor: torch.Tensor) -> None:
         # Ring all-reduce: a reduce-scatter then an all-gather, 2 (W-1)/W of the tensor.
@@ -241,6 +255,15 @@ class GlooCommunicator(Communicator):
         self._count_all_reduce(tensor)
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         return Handle(work=work, kind="all-reduce")
+
+    def all_to_all(
+        self, out: torch.Tensor, source: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> Handle:
+        self._count_all_to_all(source, in_splits)
+        work = dist.all_to_all_single(
+            out, source, out_splits, in_splits, group=self.group, async_op=True
+        )
+        return Handle(work=work, kind="all-to-all")
 
 
 def _work(handle: Handle) -> dist.Work:
