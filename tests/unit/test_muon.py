@@ -35,7 +35,7 @@ from yatrain.optim.exchange import MatrixExchange, assign_owners, ns_cost
 from yatrain.recipe.config import OptimConfig
 from yatrain.sharding.groups import hybrid_mesh
 from yatrain.sharding.layout import FlatLayout, ParamSlot
-from yatrain.train.optim import run_optimizer
+from yatrain.train.optim import run_optimizer, step_unless
 from yatrain.train.schedule import lr_at
 
 LR, CLIP = 3e-3, 0.5
@@ -215,3 +215,48 @@ def test_pieces_exclude_padding():
         [(p.slot, p.in_shard, p.in_matrix, p.length) for p in layout.pieces(r)] for r in range(4)
     ]
     assert covered == [[(0, 0, 0, 3)], [(0, 0, 3, 3)], [(1, 0, 0, 3)], []]
+
+
+def _skipped_step(rank, world):
+    """A Muon step, then one the device flag skips (its gradients not finite): what
+    changed, and how many all-to-alls the skipped step still ran."""
+    model = build_model(CFG)
+    engine = engine_for(model)
+    opt = run_optimizer(engine, model, OPTIM)
+    tokens = batches(2 * world, steps=2)
+    for number, step in enumerate(tokens):
+        loss_of(model, step[2 * rank : 2 * rank + 2]).backward()
+        engine.reduce_gradients()
+        engine.clip_grad_norm_(0.0)
+        if number == 0:
+            step_unless(opt, torch.zeros(()))
+        else:
+            for group in opt.param_groups:
+                group["params"][0].grad.fill_(float("nan"))
+            before = _snapshot(opt)
+            entered = engine.comm.entered
+            step_unless(opt, torch.ones(()))
+            after = _snapshot(opt)
+            ran = engine.comm.entered - entered
+        engine.after_step()
+    same = all(torch.equal(before[k], after[k]) for k in before)
+    kinds = {k.split("/")[1] for k in before}
+    return same, ran, kinds, opt.defaults["fused"]
+
+
+def _snapshot(opt) -> dict[str, torch.Tensor]:
+    found = {}
+    for index, group in enumerate(opt.param_groups):
+        param = group["params"][0]
+        found[f"{index}/weights"] = param.detach().clone()
+        for name, value in opt.state[param].items():
+            found[f"{index}/{name}"] = value.clone()
+    return found
+
+
+def test_a_skipped_step_leaves_muon_bitwise_unchanged_and_still_exchanges():
+    for same, ran, kinds, fused in run_ranks(2, _skipped_step):
+        assert same
+        assert ran == 2  # the two all-to-alls: collective, so every rank runs them
+        assert kinds == {"weights", "momentum_buffer", "exp_avg", "exp_avg_sq", "step"}
+        assert fused  # the fused path: found_inf, no masked copy
