@@ -15,6 +15,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import ROOT
 from distributed import run_ranks
 from engine_reference import (
     CFG,
@@ -32,7 +33,9 @@ from engine_reference import (
 from yatrain.models.llama import build_model, materialize
 from yatrain.optim import ShardedMuon, zeropower
 from yatrain.optim.exchange import MatrixExchange, assign_owners, ns_cost
+from yatrain.plan.memory import plan_for_layers
 from yatrain.recipe.config import OptimConfig
+from yatrain.recipe.load import load_recipe
 from yatrain.sharding.groups import hybrid_mesh
 from yatrain.sharding.layout import FlatLayout, ParamSlot
 from yatrain.train.optim import run_optimizer, step_unless
@@ -260,3 +263,13 @@ def test_a_skipped_step_leaves_muon_bitwise_unchanged_and_still_exchanges():
         assert ran == 2  # the two all-to-alls: collective, so every rank runs them
         assert kinds == {"weights", "momentum_buffer", "exp_avg", "exp_avg_sq", "step"}
         assert fused  # the fused path: found_inf, no masked copy
+
+
+def test_the_planner_counts_one_momentum_for_muons_matrices():
+    rec = load_recipe(ROOT / "recipes/tiny.yaml")
+    muon = dataclasses.replace(rec, optim=dataclasses.replace(rec.optim, name="muon"))
+    adamw_state = plan_for_layers(rec, 2, 0).breakdown["optimizer_state"]
+    muon_state = plan_for_layers(muon, 2, 0).breakdown["optimizer_state"]
+    model = build_model(rec.model)
+    layers = sum(p.numel() for layer in model.layers for p in layer.parameters() if p.ndim == 2)
+    assert adamw_state - muon_state == 4 * layers // 2  # a rank's half of the matrices
