@@ -95,6 +95,14 @@ class MatrixExchange:
                     self.received[k].append(Received(sum(self.out_splits), in_matrix, length))
                     self.out_splits[src] += length
 
+    def bytes_sent(self, dtype: torch.dtype) -> int:
+        """What this rank sends a step in both all-to-alls, what it keeps excluded (the
+        communicator counts the same; ``traffic.step_traffic``'s ``exchanged``)."""
+        me = self.comm.rank
+        there = sum(self.in_splits) - self.in_splits[me]
+        back = sum(self.out_splits) - self.out_splits[me]
+        return (there + back) * dtype.itemsize
+
     def orthogonalize(
         self, updates: Sequence[torch.Tensor], steps: int, dtype: torch.dtype
     ) -> torch.Tensor:
