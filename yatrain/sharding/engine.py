@@ -260,14 +260,10 @@ class ShardedEngine:
         ]
 
     def unit_groups(self, weight_decay: float) -> list[dict[str, Any]]:
-        """One group per owned unit (``unit``: its index) and the small group's (``unit``:
-        None): for an optimizer that treats units differently (Muon, ``matrix_map``)."""
-        shards = self.shards
-        units = [
-            {"params": [shards.unit_params[i]], "weight_decay": weight_decay, "unit": i}
-            for i in self.owned
-        ]
-        return [*units, {"params": [shards.small_param], "weight_decay": 0.0, "unit": None}]
+        """Per owned unit (``unit``: its index) and the small group's (None): for Muon."""
+        groups = [([self.shards.unit_params[i]], weight_decay, i) for i in self.owned]
+        groups.append(([self.shards.small_param], 0.0, None))
+        return [{"params": p, "weight_decay": wd, "unit": unit} for p, wd, unit in groups]
 
     def matrix_map(self, unit: int) -> MatrixMap:
         """Which flat range of which matrix of ``unit`` each rank of the shard group holds."""
@@ -293,14 +289,12 @@ class ShardedEngine:
     def sharded_state(
         self, optimizer: torch.optim.Optimizer | None = None
     ) -> dict[str, dict[str, ShardView]]:
-        """This rank's piece of every flat tensor, with its global offset: ``"model"`` for
-        the fp32 master weights, and one group per optimizer state tensor shaped like the
-        weights, holding the entries that have it (AdamW: ``exp_avg``, ``exp_avg_sq``; Muon's
-        matrices: ``momentum_buffer``). Views, no copies: loading into them restores it."""
+        """This rank's piece of every flat tensor, with its global offset: ``"model"`` (fp32
+        masters) and each state tensor shaped like the weights, over the entries that have it
+        (AdamW: ``exp_avg``, ``exp_avg_sq``; Muon: ``momentum_buffer``). Views, no copies."""
         params: list[torch.Tensor] = [*self.owned_params, self.shards.small_param]
         layouts = [*(self.layouts[i] for i in self.owned), self.small]
-        entries = self.state_layout
-        state = {"model": shard_views(entries, layouts, self.rank, params)}
+        state = {"model": shard_views(entries := self.state_layout, layouts, self.rank, params)}
         for entry, layout, param in zip(entries, layouts, params, strict=True):
             for name, value in (optimizer.state[param] if optimizer else {}).items():
                 if torch.is_tensor(value) and value.shape == param.shape:
