@@ -261,6 +261,7 @@ class ShardedEngine:
 
     def unit_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """Per owned unit (``unit``: its index) and the small group's (None): for Muon."""
+        groups: list[tuple[list[nn.Parameter], float, int | None]]
         groups = [([self.shards.unit_params[i]], weight_decay, i) for i in self.owned]
         groups.append(([self.shards.small_param], 0.0, None))
         return [{"params": p, "weight_decay": wd, "unit": unit} for p, wd, unit in groups]
