@@ -19,6 +19,8 @@ from yatrain.models.llama import build_model, materialize
 from yatrain.recipe.config import ModelConfig
 from yatrain.sharding import ShardedEngine
 from yatrain.train.compile import compile_layers
+from yatrain.train.optim import run_optimizer, set_lr
+from yatrain.train.schedule import lr_at
 from yatrain.train.step import train_step
 
 CFG = ModelConfig(
@@ -120,12 +122,15 @@ def train_sharded(
     cfg=CFG,
     cp=1,
     model_inputs=None,
+    optim=None,
     **options,
 ):
     """The engine as the training loop drives it; returns losses, gradient norms, weights.
     ``compile``: a torch.compile backend for the decoder layers (train.compile); ``float8``:
     train.float8; ``cfg``: another model; ``cp``: context-parallel ranks per window;
-    ``model_inputs``: see ``loss_of``; ``options`` go to the engine."""
+    ``model_inputs``: see ``loss_of``; ``optim``: the run's optimizer of this
+    ``OptimConfig`` and its schedule (default: ``optimizer_for``, a constant rate);
+    ``options`` go to the engine."""
     model = build_model(cfg, ckpt)
     engine = engine_for(
         model,
@@ -138,21 +143,27 @@ def train_sharded(
     context = ContextParallel(ContextGroup.build(cp, "cpu")) if cp > 1 else None
     if compile is not None:
         compile_layers(model.layers, compile, eager_attention=context is not None)
-    steps = run_steps(model, engine, rank, world, data, micro, clip, context, model_inputs)
+    steps = run_steps(model, engine, rank, world, data, micro, clip, context, model_inputs, optim)
     return *steps, engine.full_state_dict()
 
 
 def run_steps(
-    model, engine, rank, world, data, micro, clip, context=None, model_inputs=None
+    model, engine, rank, world, data, micro, clip, context=None, model_inputs=None, optim=None
 ) -> tuple[list[float], list[float]]:
     """Train ``engine`` on this rank's share of every global batch in ``data``, ``micro``
     sequences per micro-batch; each step's global loss and gradient norm. Under
-    ``context`` parallelism a data rank's CP group shares its share."""
-    opt = optimizer_for(engine.param_groups(0.1))
+    ``context`` parallelism a data rank's CP group shares its share; ``optim``: see
+    ``train_sharded``."""
+    if optim is None:
+        opt = optimizer_for(engine.param_groups(0.1))
+    else:
+        opt = run_optimizer(engine, model, optim)
     cp = context.size if context is not None else 1
     per_rank = data.shape[1] * cp // world
     losses, norms = [], []
-    for step in data:
+    for number, step in enumerate(data, start=1):
+        if optim is not None:
+            set_lr(opt, lr_at(number, optim, len(data)))
         first = rank // cp * per_rank
         mine = step[first : first + per_rank]
         micros = []

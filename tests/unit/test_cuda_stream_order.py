@@ -23,19 +23,25 @@ from distributed import run_ranks
 from engine_reference import CFG, SEED, batches, optimizer_for
 
 from yatrain.models.llama import build_model
+from yatrain.recipe.config import OptimConfig
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.cuda_comm import CudaStreamCommunicator
 from yatrain.sharding.groups import hybrid_mesh
 from yatrain.sharding.reduce import StreamReducer
 from yatrain.testing import cuda_standin
+from yatrain.train.optim import run_optimizer
 from yatrain.train.step import train_step
 
 STEPS, WORLD = 2, 2
+MUON = OptimConfig(lr=3e-3, name="muon")
 STAGING = 512 * WORLD * 4  # a small budget: every unit's reduction goes out in several pieces
 
 
-def _train(rank: int, layout: str, dtype: torch.dtype) -> tuple[list[float], list[float], dict]:
-    """Two steps of two micro-batches through ``train_step``; losses, norms, final weights."""
+def _train(
+    rank: int, layout: str, dtype: torch.dtype, muon: bool = False
+) -> tuple[list[float], list[float], dict]:
+    """Two steps of two micro-batches through ``train_step``; losses, norms, final weights.
+    ``muon``: Muon's optimizer, whose all-to-alls run on the communication stream too."""
     options = {"mesh": hybrid_mesh("cpu", 1)} if layout == "hybrid" else {}
     model = build_model(CFG, 1)  # the first layer checkpointed: a backward regathers it
     engine = ShardedEngine.from_model(
@@ -52,7 +58,7 @@ def _train(rank: int, layout: str, dtype: torch.dtype) -> tuple[list[float], lis
         engine.comm.clock.cuda = True
         assert isinstance(engine.buffers.reducer, StreamReducer)
         assert layout != "hybrid" or isinstance(engine.replica_comm, CudaStreamCommunicator)
-    opt = optimizer_for(engine.param_groups(0.1))
+    opt = run_optimizer(engine, model, MUON) if muon else optimizer_for(engine.param_groups(0.1))
     losses, norms = [], []
     for step in batches(4, STEPS):
         mine = step[2 * rank : 2 * rank + 2]  # two micro-batches of one sequence
@@ -66,26 +72,27 @@ def _train(rank: int, layout: str, dtype: torch.dtype) -> tuple[list[float], lis
     return losses, norms, engine.full_state_dict()
 
 
-def _both_paths(rank: int, world: int, layout: str, dtype: torch.dtype):
+def _both_paths(rank: int, world: int, layout: str, dtype: torch.dtype, muon: bool):
     """The normal CPU path, then the CUDA path on stand-in streams; the stand-in's log."""
-    plain = _train(rank, layout, dtype)
+    plain = _train(rank, layout, dtype, muon)
     with pytest.MonkeyPatch.context() as patch:
         order = cuda_standin.as_if_cuda(patch)
         with order.recording():
-            streamed = _train(rank, layout, dtype)
+            streamed = _train(rank, layout, dtype, muon)
     return plain, streamed, order.violations, dict(order.counts)
 
 
 @pytest.mark.parametrize(
-    "layout,dtype",
+    "layout,dtype,muon",
     [
-        ("full", torch.float32),  # 2 ranks share every unit
-        ("hybrid", torch.bfloat16),  # 2 replicas of 1 (one-rank groups): the all-reduce
+        ("full", torch.float32, False),  # 2 ranks share every unit
+        ("hybrid", torch.bfloat16, False),  # 2 replicas of 1 (one-rank groups): the all-reduce
+        ("full", torch.float32, True),  # Muon's two all-to-alls a step
     ],
 )
-def test_cuda_path_orders_every_buffer_access_by_events(layout, dtype):
+def test_cuda_path_orders_every_buffer_access_by_events(layout, dtype, muon):
     for rank, (plain, streamed, violations, counts) in enumerate(
-        run_ranks(WORLD, _both_paths, layout, dtype)
+        run_ranks(WORLD, _both_paths, layout, dtype, muon)
     ):
         shown = "\n".join(violations[:8])
         assert not violations, f"rank {rank}: {len(violations)} ordering breaches:\n{shown}"
@@ -97,6 +104,8 @@ def test_cuda_path_orders_every_buffer_access_by_events(layout, dtype):
         assert counts["cross-stream reads"] and counts["cross-stream frees"], counts
         if layout == "hybrid":
             assert counts["all_reduce on comm2"], counts
+        if muon:
+            assert counts["all_to_all_single on comm1"] == 2 * STEPS, counts
         # The numbers are honest: the same run on the normal CPU path.
         assert streamed[0] == pytest.approx(plain[0], rel=1e-6)
         assert streamed[1] == pytest.approx(plain[1], rel=1e-6)

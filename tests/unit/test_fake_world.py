@@ -147,4 +147,9 @@ def test_the_cuda_path_on_a_cpu_moves_real_data_on_gloo():
     for name, gathered, reduced, traffic in run_ranks(2, _cuda_path_gather):
         assert name == "CudaStreamCommunicator"
         assert gathered == [0.0] * 3 + [1.0] * 3 and reduced == [2.0, 2.0]
-        assert traffic == {"all_gather": (1, 12), "reduce_scatter": (1, 8), "all_reduce": (1, 4)}
+        assert traffic == {
+            "all_gather": (1, 12),
+            "reduce_scatter": (1, 8),
+            "all_reduce": (1, 4),
+            "all_to_all": (0, 0),
+        }

@@ -162,6 +162,7 @@ _FIELDS = {  # key: (type, required)
     "tokens_seen": (int, False),
     "skipped_steps": (int, False),
     "dtype": (str, False),
+    "optimizer": (str, False),  # optim.name; absent: adamw (written before Muon)
     "recipe_sha256": (str, False),
     "recipe": (dict, False),
 }
@@ -185,6 +186,8 @@ def _schema_problem(manifest: object) -> str | None:
         return "'unit_numels' must list positive whole numbers"
     if manifest.get("dtype", "fp32") not in DTYPES:
         return f"unknown dtype {manifest['dtype']!r}"
+    if manifest.get("optimizer", "adamw") not in ("adamw", "muon"):
+        return f"unknown optimizer {manifest['optimizer']!r}"
     for name, entry in manifest["files"].items():
         if problem := _file_entry_problem(name, entry):
             return f"files[{name!r}]: {problem}"

@@ -1,18 +1,24 @@
-"""AdamW's state as a checkpoint sees it: created before a load, one step counter saved.
+"""The optimizer's state as a checkpoint sees it: created before a load, one step counter.
 
-torch creates AdamW's state lazily at the first step; a load needs tensors to fill before
-that, and every parameter's ``step`` is the same number, so one is saved for all.
+torch creates optimizer state lazily at the first step; a load needs tensors to fill before
+that. AdamW's groups (all of an AdamW run, the embedding, head and norms of a Muon run) keep
+``exp_avg``, ``exp_avg_sq`` and a ``step`` that is the same number for every parameter, so
+one is saved for all; Muon's matrices keep a ``momentum_buffer`` and no step.
 """
 
 from __future__ import annotations
 
 import torch
 
+from yatrain.optim import ShardedMuon
+
 
 def ensure_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW's state (``optimizer`` is an AdamW) the way its first step would, so a
-    checkpoint load has tensors to fill."""
-    for group in optimizer.param_groups:
+    """Create the state (of an AdamW, or of a ``ShardedMuon`` and its AdamW) the way its
+    first step would, so a checkpoint load has tensors to fill."""
+    if isinstance(optimizer, ShardedMuon):
+        optimizer.ensure_state()
+    for group in _adamw(optimizer).param_groups:
         for param in group["params"]:
             if not optimizer.state[param]:
                 optimizer.state[param] = {
@@ -23,13 +29,19 @@ def ensure_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def step_count(optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """The step counter of the first parameter: every parameter steps together, so a
+    """AdamW's step counter of its first parameter: every parameter steps together, so a
     checkpoint saves this one and ``share_step_count`` hands it to the rest after a load."""
-    return optimizer.state[optimizer.param_groups[0]["params"][0]]["step"]
+    adamw = _adamw(optimizer)
+    return adamw.state[adamw.param_groups[0]["params"][0]]["step"]
 
 
 def share_step_count(optimizer: torch.optim.Optimizer) -> None:
     step = step_count(optimizer)
-    for group in optimizer.param_groups:
+    for group in _adamw(optimizer).param_groups:
         for param in group["params"]:
             optimizer.state[param]["step"].copy_(step)
+
+
+def _adamw(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The AdamW whose state holds the step counter: the optimizer, or Muon's inner one."""
+    return optimizer.adamw if isinstance(optimizer, ShardedMuon) else optimizer

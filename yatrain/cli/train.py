@@ -51,6 +51,14 @@ PLAN_CP = typer.Option(
 )
 
 
+RESET_OPTIMIZER = typer.Option(
+    False,
+    "--reset-optimizer",
+    help="Resume a checkpoint written with another optim.name: its weights and data "
+    "position, this optimizer's state started afresh (else refused).",
+)
+
+
 @app.command(
     epilog=(
         "Examples:\n\n"
@@ -85,6 +93,7 @@ def pretrain(
     verify: bool = typer.Option(
         True, "--verify/--no-verify", help="Check checkpoint checksums before loading one."
     ),
+    reset_optimizer: bool = RESET_OPTIMIZER,
     tensor_peak_step: int | None = typer.Option(
         None,
         "--tensor-peak-step",
@@ -118,7 +127,7 @@ def pretrain(
         steps=steps,
         resume=resume,
         progress=progress,
-        checks=Checks(fit=fit_check, verify=verify, tensor_step=tensor_peak_step),
+        checks=Checks(fit_check, verify, tensor_peak_step, reset_optimizer),
     )
 
 

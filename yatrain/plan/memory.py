@@ -3,7 +3,8 @@
 Nothing here allocates. The model mirrors what the code keeps alive, so it can be checked
 against a live-tensor count (tests do):
 
-- resident state (``engine_state_bytes``): the fp32 master shards and AdamW's two moments,
+- resident state (``engine_state_bytes``): the fp32 master shards and AdamW's two moments
+  (a Muon run: one momentum for the decoder's matrices, ``muon_shard_numel``),
   and the engine's preallocated buffers exactly as the engine sizes them: the planner calls
   ``sharding.sizes.engine_buffers`` over the layouts of a meta-device model. With one process
   in bf16 the model computes from a bf16 copy of the whole shard;
@@ -84,6 +85,13 @@ def engine_layout(
     return owned, small.shard_numel, buffers
 
 
+def muon_shard_numel(m: ModelConfig, world: int) -> int:
+    """Elements of this rank's shards that a Muon run updates by Muon: the decoder layers'
+    (units 1..n_layers; their norms are in the small group)."""
+    layouts, _ = unit_layouts(m, world)
+    return sum(layout.shard_numel for layout in layouts[1 : 1 + m.n_layers])
+
+
 def engine_state_bytes(
     m: ModelConfig,
     world: int,
@@ -102,13 +110,16 @@ def engine_state_bytes(
     return state_bytes(*layout, dtype)
 
 
-def state_bytes(units: int, small: int, buffers: EngineBuffers, dtype: str) -> dict[str, int]:
-    """``engine_state_bytes`` from an ``engine_layout`` already made."""
+def state_bytes(
+    units: int, small: int, buffers: EngineBuffers, dtype: str, muon: int = 0
+) -> dict[str, int]:
+    """``engine_state_bytes`` from an ``engine_layout`` already made; ``muon``: the elements
+    of this rank's shards Muon updates (one fp32 momentum instead of AdamW's two moments)."""
     shards = units + small
     copy = buffers.gather.count == 0 and dtype != "fp32"  # one process, bf16
     return {
         "master_weights": 4 * shards,
-        "optimizer_state": 8 * shards,
+        "optimizer_state": 8 * shards - 4 * muon,
         "compute_copy": dtype_bytes(dtype) * shards if copy else 0,
         "gather_buffers": buffers.gather_bytes(),
         # (+ the norm group's fp32 gradient shard, which stays allocated)
@@ -209,7 +220,8 @@ def plan_for_layers(
     layout = engine_layout(
         m, group, dtype, s.reduce_dtype, s.prefetch_depth, direct, recipe.train.float8, budget
     )
-    state, buffers = state_bytes(*layout, dtype), layout[2]
+    muon = muon_shard_numel(m, group) if recipe.optim.name == "muon" else 0
+    state, buffers = state_bytes(*layout, dtype, muon), layout[2]
     cp = s.context_parallel
     acts = activation_sizes(recipe)
     accumulating = data.global_batch_size > data.micro_batch_size * world_size // cp

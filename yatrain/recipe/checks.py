@@ -14,8 +14,10 @@ from yatrain.errors import ConfigError
 from yatrain.recipe.config import (
     GPU_GIB_MAX,
     GPU_GIB_MIN,
+    MUON_KEYS,
     STAGING_MIN_MIB,
     DataConfig,
+    OptimConfig,
     Recipe,
 )
 
@@ -75,9 +77,20 @@ def check_shapes(r: Recipe) -> None:
         if failed:
             raise ConfigError(message)
     _check_sources(data)
+    _check_optimizer(optim)
     _check_context_parallel(r)
     _check_staging(r)
     _check_gpu_memory(r)
+
+
+def _check_optimizer(optim: OptimConfig) -> None:
+    """Muon's keys only with Muon (else a key the run would silently ignore)."""
+    stray = [key for key in MUON_KEYS if getattr(optim, key) is not None]
+    if optim.name != "muon" and stray:
+        raise ConfigError(
+            f"'optim.{stray[0]}' is a Muon key but 'optim.name' is {optim.name}; set "
+            "optim.name: muon, or remove the key"
+        )
 
 
 def _check_gpu_memory(r: Recipe) -> None:

@@ -149,6 +149,35 @@ class OptimConfig:
     beta2: float = _limit(0.95, ge=0, lt=1)
     eps: float = _limit(1e-8, gt=0)
     grad_clip: float = _limit(1.0, ge=0)  # max global grad norm; 0 = off
+    # adamw: AdamW for every weight; muon: Muon for each decoder layer's seven projection
+    # matrices, AdamW (the keys above) for the embedding, the output head and the norms
+    name: Literal["adamw", "muon"] = "adamw"
+    # Muon's keys (name: muon only; null = the default in MUON_DEFAULTS):
+    muon_lr: float | None = _limit(None, gt=0)  # null = lr; the schedule scales both alike
+    muon_momentum: float | None = _limit(None, ge=0, lt=1)  # null = 0.95
+    muon_nesterov: bool | None = None  # null = true
+    muon_ns_steps: int | None = _limit(None, ge=1, le=99)  # Newton-Schulz iterations; null = 5
+    muon_ns_dtype: Literal["bf16", "fp32"] | None = None  # orthogonalise in; null = bf16
+    # match_rms_adamw (null): lr and weight_decay carry over from AdamW; original: Keller
+    # Jordan's, which wants a muon_lr near 0.02
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] | None = None
+
+    def muon(self) -> dict:
+        """Muon's settings, the nulls resolved (``MUON_DEFAULTS``; ``lr``: ``muon_lr``)."""
+        keys = {k: getattr(self, f"muon_{k}") for k in MUON_DEFAULTS}
+        resolved = {k: MUON_DEFAULTS[k] if v is None else v for k, v in keys.items()}
+        return {**resolved, "lr": self.lr if self.muon_lr is None else self.muon_lr}
+
+
+# What a null Muon key means (torch.optim.Muon's defaults, Moonshot's rate adjustment).
+MUON_DEFAULTS = {
+    "momentum": 0.95,
+    "nesterov": True,
+    "ns_steps": 5,
+    "ns_dtype": "bf16",
+    "adjust_lr": "match_rms_adamw",
+}
+MUON_KEYS = ("muon_lr", *(f"muon_{k}" for k in MUON_DEFAULTS))
 
 
 # A smaller reduce-scatter staging budget cuts each unit's gradient into so many collectives

@@ -20,8 +20,9 @@ differs between devices, so it lives here and nowhere else:
 
 Every collective also counts the bytes this rank sends, so benchmarks report measured traffic,
 and how many collectives this rank has entered (``entered``, what a hang report compares);
-``traffic()`` has both per kind (all-gather, reduce-scatter, all-reduce), the gradient norm's
-scalar sum included (which ``bytes_sent``, the planner's measure, leaves out);
+``traffic()`` has both per kind (all-gather, reduce-scatter, all-reduce, Muon's
+all-to-all), the norm's scalar sum included (which ``bytes_sent``, the planner's measure,
+leaves out);
 ``wait`` is timed by the engine's ``clock`` (``timing.IntervalClock``): the exposed
 communication of a step, on CPU the time the thread blocked, on CUDA the time the compute
 stream stalled behind the event it waits on.
@@ -40,7 +41,7 @@ from yatrain.sharding.fake_streams import FakeEvent
 from yatrain.sharding.timing import IntervalClock
 
 Step = Callable[[], object] | None  # a stream-ordered step around a collective
-KINDS = ("all_gather", "reduce_scatter", "all_reduce")  # the keys of ``traffic()``
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")  # ``traffic()``'s keys
 
 
 def host_backend() -> str:
@@ -95,7 +96,7 @@ class Handle:
     event: torch.cuda.Event | FakeEvent | None = None  # CUDA: recorded once it has landed
     then: Step = None
     done: bool = field(default=False)
-    kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce" (what a rank waits on)
+    kind: str = ""  # "all-gather", "reduce-scatter", "all-reduce", "all-to-all" (waited on)
 
 
 class Communicator:
@@ -164,6 +165,15 @@ class Communicator:
         caller issues it once that one has finished)."""
         return Handle(done=True)
 
+    def all_to_all(
+        self, out: torch.Tensor, source: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> Handle:
+        """Send ``in_splits[r]`` consecutive elements of ``source`` to each rank r and receive
+        ``out_splits[r]`` from each into ``out`` (uneven splits: Muon's whole-matrix owners)."""
+        self._count_all_to_all(source, in_splits)
+        out.copy_(source)
+        return Handle(done=True)
+
     def _wait(self, handle: Handle) -> None:
         raise NotImplementedError
 
@@ -194,6 +204,12 @@ class Communicator:
         """An all-gather into, or a reduce-scatter of, the flat tensor ``full``."""
         sent = ring_bytes(_nbytes(full), self.world_size)
         self._enter(kind, sent)
+        self.bytes_sent += sent
+
+    def _count_all_to_all(self, source: torch.Tensor, in_splits: list[int]) -> None:
+        # Point to point: everything but what this rank keeps.
+        sent = (sum(in_splits) - in_splits[self.rank]) * source.element_size()
+        self._enter("all_to_all", sent)
         self.bytes_sent += sent
 
     def _count_all_reduce(self, tensor: torch.Tensor) -> None:
@@ -269,6 +285,15 @@ class GlooCommunicator(Communicator):
         self._count_all_reduce(tensor)
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         return Handle(work=work, kind="all-reduce")
+
+    def all_to_all(
+        self, out: torch.Tensor, source: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> Handle:
+        self._count_all_to_all(source, in_splits)
+        work = dist.all_to_all_single(
+            out, source, out_splits, in_splits, group=self.group, async_op=True
+        )
+        return Handle(work=work, kind="all-to-all")
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -134,6 +134,15 @@ class CudaStreamCommunicator(Communicator):
         collective = functools.partial(dist.all_reduce, tensor, group=self.group)
         return self._on_comm_stream(collective, after=after, kind="all-reduce")
 
+    def all_to_all(
+        self, out: torch.Tensor, source: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> Handle:
+        self._count_all_to_all(source, in_splits)
+        collective = functools.partial(
+            dist.all_to_all_single, out, source, out_splits, in_splits, group=self.group
+        )
+        return self._on_comm_stream(collective, kind="all-to-all")
+
 
 def _event(handle: Handle) -> torch.cuda.Event | FakeEvent:
     """A CUDA handle's landed event (every one it issues has one)."""

@@ -39,7 +39,7 @@ from yatrain.sharding.gathers import UnitGathers
 from yatrain.sharding.gradients import GradientFinish
 from yatrain.sharding.groups import communicators
 from yatrain.sharding.hooks import UnitHooks
-from yatrain.sharding.layout import plan_layouts
+from yatrain.sharding.layout import MatrixMap, plan_layouts
 from yatrain.sharding.shards import MasterShards
 from yatrain.sharding.sizes import EngineBuffers, device_memory, engine_buffers, staging_budget
 from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
@@ -261,6 +261,17 @@ class ShardedEngine:
             {"params": [self.shards.small_param], "weight_decay": 0.0},
         ]
 
+    def unit_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """Per owned unit (``unit``: its index) and the small group's (None): for Muon."""
+        groups: list[tuple[list[nn.Parameter], float, int | None]]
+        groups = [([self.shards.unit_params[i]], weight_decay, i) for i in self.owned]
+        groups.append(([self.shards.small_param], 0.0, None))
+        return [{"params": p, "weight_decay": wd, "unit": unit} for p, wd, unit in groups]
+
+    def matrix_map(self, unit: int) -> MatrixMap:
+        """Which flat range of which matrix of ``unit`` each rank of the shard group holds."""
+        return MatrixMap.of(self.layouts[unit], self.shard_size)
+
     # ------------------------------------------------------------------ where the step is
     @property
     def owned_params(self) -> list[nn.Parameter]:
@@ -281,22 +292,18 @@ class ShardedEngine:
     def sharded_state(
         self, optimizer: torch.optim.Optimizer | None = None
     ) -> dict[str, dict[str, ShardView]]:
-        """This rank's piece of every flat tensor, with its global offset: ``"model"`` for
-        the fp32 master weights, and one group per optimizer state tensor shaped like the
-        weights (AdamW: ``exp_avg``, ``exp_avg_sq``). Views, no copies: loading into them
-        restores the engine."""
-        params = [*self.owned_params, self.shards.small_param]
-        groups: dict[str, list[torch.Tensor]] = {"model": list(params)}
-        if optimizer is not None:
-            first = optimizer.state[params[0]]
-            for name, value in first.items():
-                if torch.is_tensor(value) and value.shape == params[0].shape:
-                    groups[name] = [optimizer.state[p][name] for p in params]
+        """This rank's piece of every flat tensor, with its global offset: ``"model"`` (fp32
+        masters) and each state tensor shaped like the weights, over the entries that have it
+        (AdamW: ``exp_avg``, ``exp_avg_sq``; Muon: ``momentum_buffer``). Views, no copies."""
+        params: list[torch.Tensor] = [*self.owned_params, self.shards.small_param]
         layouts = [*(self.layouts[i] for i in self.owned), self.small]
-        return {
-            group: shard_views(self.state_layout, layouts, self.rank, pieces)
-            for group, pieces in groups.items()
-        }
+        state = {"model": shard_views(entries := self.state_layout, layouts, self.rank, params)}
+        for entry, layout, param in zip(entries, layouts, params, strict=True):
+            for name, value in (optimizer.state[param] if optimizer else {}).items():
+                if torch.is_tensor(value) and value.shape == param.shape:
+                    views = shard_views([entry], [layout], self.rank, [value])
+                    state.setdefault(name, {}).update(views)
+        return state
 
     def progress(self) -> dict[str, Any]:
         """Where this rank is in its step (read by a hang report, from another thread):

@@ -82,6 +82,44 @@ class FlatLayout:
         start = rank * self.shard_numel
         return start, start + self.shard_numel
 
+    def pieces(self, rank: int) -> list[MatrixPiece]:
+        """Which flat range of which parameter ``rank``'s shard holds (padding excluded):
+        what an optimizer that needs whole matrices (Muon) exchanges."""
+        start, end = self.shard_range(rank)
+        found = []
+        for index, slot in enumerate(self.slots):
+            first, last = max(start, slot.offset), min(end, slot.offset + slot.numel)
+            if first < last:
+                found.append(MatrixPiece(index, first - start, first - slot.offset, last - first))
+        return found
+
+
+@dataclass(frozen=True)
+class MatrixPiece:
+    """``length`` elements of parameter ``slot`` (flattened), from ``in_matrix`` on, held
+    at ``in_shard`` of a rank's shard of the unit."""
+
+    slot: int
+    in_shard: int
+    in_matrix: int
+    length: int
+
+
+@dataclass(frozen=True)
+class MatrixMap:
+    """A unit's matrices (name, shape) and, for each rank of its shard group, the pieces of
+    them that rank's shard holds (``FlatLayout.pieces``)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    pieces: tuple[tuple[MatrixPiece, ...], ...]  # by rank
+
+    @classmethod
+    def of(cls, layout: FlatLayout, shard_size: int) -> MatrixMap:
+        pieces = tuple(tuple(layout.pieces(rank)) for rank in range(shard_size))
+        slots = layout.slots
+        return cls(tuple(s.name for s in slots), tuple(s.shape for s in slots), pieces)
+
 
 def alias(buffer: torch.Tensor) -> torch.Tensor:
     """A tensor sharing ``buffer``'s memory but with its own autograd version counter.

@@ -7,7 +7,8 @@ Per micro-batch each unit is gathered for its forward and again for its backward
 backward reads the weights; the engine skips the units still resident from the forward, so
 this is an upper bound by at most ``prefetch_depth + 1`` units) and its gradient is
 reduce-scattered; the norm group is gathered and reduced once per step. Under hybrid
-sharding every fp32 gradient shard is then all-reduced once across the replicas.
+sharding every fp32 gradient shard is then all-reduced once across the replicas. A Muon
+step adds its two all-to-alls within the group (point to point: all but what a rank keeps).
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def step_traffic(
     micro_batches: int,
     fp8_units: Sequence[bool] = (),
     fp8_tensors: int = 0,
+    exchanged: int = 0,
 ) -> StepTraffic:
     """One rank's bytes for units of ``unit_numels`` elements (``reads_weights[i]``: unit i
     is gathered again for its backward) and a norm group of ``small_numel``. ``fp8_units``:
     units gathered in float8 (one byte per element), whose ``fp8_tensors`` weight tensors'
-    amaxes are all-reduced once per step (float8.py)."""
+    amaxes are all-reduced once per step (float8.py). ``exchanged``: the bytes an optimizer
+    exchanges point to point within the group (Muon's all-to-alls, ``MatrixExchange``)."""
     g, p, r = shard_size, param_dtype.itemsize, reduce_dtype.itemsize
     sizes = [padded(n, g) for n in unit_numels]
     small = padded(small_numel, g)
@@ -56,7 +59,7 @@ def step_traffic(
     )
     scales = ring_bytes(2 * 4 * fp8_tensors, g)
     intra = micro_batches * per_micro + ring_bytes(small * p, g) + ring_bytes(small * r, g)
-    intra += scales
+    intra += scales + exchanged
     shards = [size // g for size in sizes] + [small // g]
     cross = sum(ring_bytes(2 * 4 * n, replicas) for n in shards) if replicas > 1 else 0
     return StepTraffic(intra, cross)

@@ -75,6 +75,7 @@ _COLLECTIVES = (
     ("reduce_scatter_single", True),
     ("reduce_scatter_tensor", True),
     ("all_reduce", False),
+    ("all_to_all_single", True),
 )
 
 

@@ -35,6 +35,7 @@ from yatrain.checkpoint.manifest import (
 from yatrain.checkpoint.store import (
     dcp_mesh,
     load_checkpoint,
+    load_weights,
     move_aside,
     remove_stale_saves,
     save_checkpoint,
@@ -68,6 +69,7 @@ class Checkpointer:
             "recipe_sha256": hashlib.sha256(recipe_to_yaml(recipe).encode()).hexdigest(),
             "recipe": recipe_to_dict(recipe),  # for `yatrain eval`: its data, batches, dtype
             "dtype": recipe.train.dtype,
+            "optimizer": recipe.optim.name,  # a resume with another is refused (restore)
         }
         self.mesh = dcp_mesh(runtime, engine)
         self.last: Path | None = None  # the newest checkpoint this run saved or resumed from
@@ -154,9 +156,14 @@ class Checkpointer:
         finally:
             self.saver.close()
 
-    def restore(self, resume: str, say: Callable[[str], None]) -> tuple[int, int]:
+    def restore(
+        self, resume: str, say: Callable[[str], None], reset_optimizer: bool = False
+    ) -> tuple[int, int]:
         """Continue as ``--resume`` says (auto, never, a path): load the engine, optimizer
-        and data position; returns (step, skipped steps), (0, 0) for a fresh start."""
+        and data position; returns (step, skipped steps), (0, 0) for a fresh start. A
+        checkpoint of another optimizer is refused, or with ``reset_optimizer`` loaded
+        without its optimizer state (the same optimizer's state always loads: a restarted
+        job passes the flag again)."""
         if self.stale:
             say(
                 f"removed {len(self.stale)} unfinished save(s) of an earlier run: "
@@ -170,10 +177,30 @@ class Checkpointer:
                 f"checkpoint {found.path} has no data position: it cannot be resumed; use "
                 "train.init_from to start from its weights"
             )
-        load_checkpoint(found.path, self.engine, self.optimizer, self.mesh)
+        if self._other_optimizer(found, reset_optimizer, say):
+            load_weights(found.path, self.engine, self.mesh)
+        else:
+            load_checkpoint(found.path, self.engine, self.optimizer, self.mesh)
         self.loader.load_state_dict(found.manifest["loader"])
         self.last = found.path
         return found.step, found.manifest.get("skipped_steps", 0)
+
+    def _other_optimizer(
+        self, found: SavedCheckpoint, reset: bool, say: Callable[[str], None]
+    ) -> bool:
+        """Was ``found`` trained with another optimizer (then ``reset`` or a refusal)?
+        Checkpoints from before the manifest named it were AdamW's."""
+        saved, mine = found.manifest.get("optimizer", "adamw"), self.meta["optimizer"]
+        if saved == mine:
+            return False
+        if not reset:
+            raise CheckpointError(
+                f"checkpoint {found.path} was trained with optim.name {saved}, this run uses "
+                f"{mine}: set optim.name: {saved}, or pass --reset-optimizer to start {mine}'s "
+                "state afresh from its weights"
+            )
+        say(f"--reset-optimizer: {found.path.name} was trained with {saved}; {mine} starts afresh")
+        return True
 
     def _find(self, resume: str, say: Callable[[str], None]) -> SavedCheckpoint | None:
         """The checkpoint to resume from; every rank gets the same answer or error. Damaged

@@ -33,7 +33,7 @@ from yatrain.train.build import build_model_and_engine
 from yatrain.train.checkpointer import Checkpointer
 from yatrain.train.evaluate import Evaluator, build_evaluator
 from yatrain.train.metrics import StepMeter
-from yatrain.train.optim import build_optimizer
+from yatrain.train.optim import run_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.run import Opened, Run
 from yatrain.train.rundir import claim_run_dir
@@ -49,6 +49,8 @@ class Checks:
     fit: bool = True  # refuse a run the planner says will not fit (--no-fit-check: off)
     verify: bool = True  # checkpoint checksums before a load (--no-verify: off)
     tensor_step: int | None = None  # on CPU, count live tensors during this step
+    # resume a checkpoint of another optim.name: weights only, a fresh optimizer state
+    reset_optimizer: bool = False
 
 
 def setup(
@@ -120,13 +122,13 @@ def start(
     opened.compiler = compile_watch(recipe, run_dir)
     if context is not None:
         context.time_waits(engine.waits)
-    optimizer = build_optimizer(engine.param_groups(recipe.optim.weight_decay), recipe.optim)
+    optimizer = run_optimizer(engine, model, recipe.optim)
     ckpt_dir = run_dir / recipe.checkpoint.dir
     checkpointer = Checkpointer(
         recipe, ckpt_dir, engine, optimizer, loader, runtime, verify=checks.verify
     )
     opened.checkpointer = checkpointer
-    start_step, skipped = checkpointer.restore(resume, say)
+    start_step, skipped = checkpointer.restore(resume, say, checks.reset_optimizer)
     opened.loggers.open(run_dir, recipe, start_step)
     meter = StepMeter(recipe, runtime, loader.tokens_per_step, checks.tensor_step, engine)
     profiler = StepProfiler(

@@ -1,0 +1,19 @@
+"""Optimizers over the engine's flat shards that need more than elementwise arithmetic.
+
+AdamW is elementwise, so torch's own runs on the shards (``train/optim.py``). Muon
+orthogonalises each whole weight matrix: ``ShardedMuon`` keeps its elementwise parts on the
+shards and lets one owner rank per matrix run the Newton-Schulz iteration (``exchange.py``).
+"""
+
+from yatrain.optim.adamw import fused_adamw
+from yatrain.optim.muon import MOMENTUM, ShardedMuon
+from yatrain.optim.newton_schulz import ADJUST_LR, adjusted_lr, zeropower
+
+__all__ = [
+    "ADJUST_LR",
+    "MOMENTUM",
+    "ShardedMuon",
+    "adjusted_lr",
+    "fused_adamw",
+    "zeropower",
+]

@@ -1,0 +1,123 @@
+"""Muon for the decoder's matrices and AdamW for the rest, as one optimizer over the shards.
+
+``torch.optim.Muon`` takes whole 2-D tensors in one process: it refuses the engine's flat
+shards, and orthogonalising each rank's piece on its own would be wrong. Here torch's
+arithmetic runs where the state lives: momentum (``buf.lerp_(g, 1 - momentum)``), Nesterov
+(``g.lerp(buf, momentum)``), decoupled weight decay and the final add on each rank's fp32
+shards; only the orthogonalisation needs whole matrices, which ``MatrixExchange`` gives to
+one owner per matrix. The AdamW groups (embedding, head, the small group) stay one fused
+call. Every group is tagged ``kind``: ``muon`` or ``adamw``; they share one state table, so
+the trainer, the guard and the checkpoints see one optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from yatrain.optim.adamw import fused_adamw
+from yatrain.optim.exchange import MatrixExchange
+from yatrain.optim.newton_schulz import adjusted_lr
+from yatrain.sharding.comm import Communicator
+from yatrain.sharding.layout import MatrixMap
+
+MOMENTUM = "momentum_buffer"  # torch.optim.Muon's name for it, and the checkpoints'
+
+
+class ShardedMuon(Optimizer):
+    """``groups``: the engine's groups, each tagged ``kind``; a ``muon`` group is one unit's
+    shard and ``maps`` gives its matrix map, in the same order. A non-finite step (the
+    ``found_inf`` flag of ``train.optim.step_unless``, as fused AdamW takes it) leaves the
+    weights and every state bitwise as they were, decided on the device; the exchange runs
+    all the same (it is collective)."""
+
+    def __init__(
+        self,
+        groups: Sequence[dict[str, Any]],
+        maps: Sequence[MatrixMap],
+        comm: Communicator,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        adjust_lr: str = "match_rms_adamw",
+    ) -> None:
+        adamw_groups = [g for g in groups if g["kind"] == "adamw"]
+        self.adamw = fused_adamw(adamw_groups, lr=lr, betas=betas, eps=eps)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            adjust_lr=adjust_lr,
+            fused=bool(self.adamw.defaults.get("fused")),  # takes found_inf (step_unless)
+        )
+        super().__init__(list(groups), defaults)
+        self.state = self.adamw.state  # one table: AdamW's moments and Muon's momentum
+        self.ns_dtype = ns_dtype
+        self.exchange = MatrixExchange(maps, comm)
+        self.found_inf: torch.Tensor | None = None
+
+    @property
+    def muon_groups(self) -> list[dict[str, Any]]:
+        return [g for g in self.param_groups if g["kind"] == "muon"]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One step of both; ``found_inf`` (a device flag, 1.0 = skip) as fused AdamW's."""
+        skip = self.found_inf
+        self.adamw.found_inf = skip  # type: ignore[attr-defined]
+        try:
+            self.adamw.step()
+        finally:
+            self.adamw.found_inf = None  # type: ignore[attr-defined]
+        self._muon_step(None if skip is None else skip > 0)
+        return None
+
+    def ensure_state(self) -> None:
+        """Each Muon shard's momentum as its first step would create it (a checkpoint load
+        fills it); AdamW's state is its own business (``checkpoint.optimizer_state``)."""
+        for group in self.muon_groups:
+            param = group["params"][0]
+            if MOMENTUM not in self.state[param]:
+                self.state[param][MOMENTUM] = torch.zeros_like(param)
+
+    def _muon_step(self, keep: torch.Tensor | None) -> None:
+        groups = self.muon_groups
+        if not groups:
+            return
+        self.ensure_state()
+        updates = [self._momentum(group, keep) for group in groups]
+        steps = groups[0]["ns_steps"]
+        back = self.exchange.orthogonalize(updates, steps, self.ns_dtype)
+        params = [g["params"][0].detach() for g in groups]
+        targets = [p if keep is None else p.clone() for p in params]
+        for group, target in zip(groups, targets, strict=True):
+            target.mul_(1 - group["lr"] * group["weight_decay"])  # with the unadjusted rate
+        for piece in self.exchange.sent:
+            group = groups[piece.unit]
+            rate = adjusted_lr(group["lr"], group["adjust_lr"], self.exchange.shapes[piece.matrix])
+            segment = targets[piece.unit].narrow(0, piece.in_shard, piece.length)
+            segment.add_(back.narrow(0, piece.at, piece.length), alpha=-rate)
+        if keep is not None:
+            for param, target in zip(params, targets, strict=True):
+                param.copy_(torch.where(keep, param, target))
+
+    def _momentum(self, group: dict[str, Any], keep: torch.Tensor | None) -> torch.Tensor:
+        """Update the momentum (unless ``keep``) and return the update to orthogonalise."""
+        param = group["params"][0]
+        if param.grad is None:
+            raise RuntimeError("a Muon shard has no gradient: the engine reduces every unit")
+        grad, buf, momentum = param.grad, self.state[param][MOMENTUM], group["momentum"]
+        new = buf.lerp_(grad, 1 - momentum) if keep is None else buf.lerp(grad, 1 - momentum)
+        update = grad.lerp(new, momentum) if group["nesterov"] else new
+        if keep is not None:
+            buf.copy_(torch.where(keep, buf, new))
+        return update
