@@ -9,7 +9,8 @@ document indices (the sequence each document starts at, from 0 to S: D - 1 docum
 optionally followed by S int8 sequence modes (multimodal data). The ``.bin`` holds the
 tokens. Every header field is checked against the two files' lengths before anything is
 mapped, and the sequences must tile the ``.bin`` in order (as every Megatron writer and
-merge lays them out), so no read can fall outside it.
+merge lays them out), so no read can fall outside it (the checks:
+``yatrain.data.megatron_index``).
 
 The format records no tokenizer and no BOS: ``data.tokenizer`` names the tokenizer, whose
 vocabulary bounds the ids. Each document (its sequences, from the document index; empty
@@ -34,22 +35,25 @@ import difflib
 import functools
 import io
 import shutil
-import struct
 import tempfile
 from pathlib import Path, PosixPath
-from typing import BinaryIO
 
 import numpy as np
 
+from yatrain.data.megatron_index import (
+    HEADER,
+    FileArray,
+    check_document_index,
+    check_sequences,
+    read_header,
+)
 from yatrain.data.shards import TokenShards
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.data.tokenizer_formats import load_tokenizer
 from yatrain.errors import ConfigError, DataError
 
-MAGIC = b"MMIDIDX\x00\x00"
-HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, document indices
-DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 8: "<u2"}  # token ids: integers
-_FLOATS = {6: "float64", 7: "float32"}
+# The reader's settings; the .idx checks (yatrain.data.megatron_index) take the first two
+# as arguments, so that tests shrink them here.
 _CHUNK = 1 << 16  # index entries (or tokens) read and checked at a time when opening
 _WINDOW = 1 << 20  # bytes of a file read at once to pick scattered entries out of it
 _GROUP = 4096  # documents per entry of the sparse index kept in memory
@@ -93,13 +97,6 @@ def misspelt_prefix(path: str | Path, key: str = "") -> DataError | None:
     )
 
 
-def _fail(prefix: Path, problem: str) -> DataError:
-    return DataError(
-        f"Megatron index {prefix}.idx {problem}: it is not a valid Megatron-LM indexed "
-        "dataset for its .bin; rebuild the pair (preprocess_data.py) or point at another prefix"
-    )
-
-
 class MegatronTokens:
     """A Megatron ``.bin``/``.idx`` pair as one long stream of ``[bos] doc [eos]`` (see the
     module docstring), with what the loaders need of a data set (``TokenShards``'s reading
@@ -114,7 +111,7 @@ class MegatronTokens:
             if not file.is_file():
                 raise DataError(f"{file} is missing: a Megatron dataset needs both .bin and .idx")
         bin_bytes = binary.stat().st_size
-        self.dtype, self._sequences, entries = _read_header(prefix, idx)
+        self.dtype, self._sequences, entries = read_header(prefix, idx)
         self._bin_tokens, self._documents = bin_bytes // self.dtype.itemsize, entries - 1
         self.vocab_size, self.bos_id, self.eos_id = (
             tokenizer.vocab_size,
@@ -125,13 +122,13 @@ class MegatronTokens:
         self.tokenizer_files = _saved(tokenizer)
         self.tokenizer_path = self.tokenizer_files[0]
         with open(idx, "rb") as index, open(binary, "rb") as data:
-            lengths = _FileArray(index, "<i4", HEADER.size)
-            pointers = _FileArray(index, "<i8", HEADER.size + 4 * self._sequences)
-            _check_sequences(
-                prefix, lengths, pointers, self._sequences, self.dtype.itemsize, bin_bytes
+            lengths = FileArray(index, "<i4", HEADER.size, _WINDOW)
+            pointers = FileArray(index, "<i8", HEADER.size + 4 * self._sequences, _WINDOW)
+            check_sequences(
+                prefix, lengths, pointers, self._sequences, self.dtype.itemsize, bin_bytes, _CHUNK
             )
-            documents = _FileArray(index, "<i8", HEADER.size + 12 * self._sequences)
-            tokens = _FileArray(data, self.dtype, 0)
+            documents = FileArray(index, "<i8", HEADER.size + 12 * self._sequences, _WINDOW)
+            tokens = FileArray(data, self.dtype, 0, _WINDOW)
             self._group_starts, self.num_documents = self._index_groups(
                 prefix, documents, pointers, tokens
             )
@@ -203,7 +200,7 @@ class MegatronTokens:
             )
 
     def _index_groups(
-        self, prefix: Path, documents: _FileArray, pointers: _FileArray, tokens: _FileArray
+        self, prefix: Path, documents: FileArray, pointers: FileArray, tokens: FileArray
     ) -> tuple[np.ndarray, int]:
         """The stream position of each group's first document, then the stream's end, and
         the count of documents that hold tokens, with the document index checked to run
@@ -213,16 +210,7 @@ class MegatronTokens:
         for lo in range(0, max(self._documents, 1), chunk):
             hi = min(lo + chunk, self._documents)
             entries = documents.slice(lo, hi + 1)
-            if (
-                (lo == 0 and entries[0] != 0)
-                or entries[-1] > self._sequences
-                or (hi == self._documents and entries[-1] != self._sequences)
-                or np.any(np.diff(entries) < 0)
-            ):
-                raise _fail(
-                    prefix,
-                    f"has a document index that does not run from 0 up to {self._sequences}",
-                )
+            check_document_index(prefix, entries, lo == 0, hi == self._documents, self._sequences)
             _, length, front, back = self._layout(entries, pointers, tokens)
             documents_with_tokens += int(np.count_nonzero(length))
             place = done + np.concatenate([[0], np.cumsum(front + length + back)])
@@ -258,92 +246,6 @@ class MegatronTokens:
 
     def __repr__(self) -> str:
         return f"MegatronTokens({str(self.path)!r}, num_tokens={self.num_tokens:,})"
-
-
-class _FileArray:
-    """An array at byte ``offset`` of an open file, read with file reads: unlike pages touched
-    through a map, which count in the process's memory, nothing read stays resident."""
-
-    def __init__(self, file: BinaryIO, dtype, offset: int):
-        self.file, self.dtype, self.offset = file, np.dtype(dtype), offset
-
-    def slice(self, lo: int, hi: int) -> np.ndarray:
-        """Entries ``[lo, hi)``."""
-        self.file.seek(self.offset + lo * self.dtype.itemsize)
-        return np.fromfile(self.file, dtype=self.dtype, count=hi - lo)
-
-    def __getitem__(self, places: np.ndarray) -> np.ndarray:
-        """The entries at ``places`` (ascending): one read per ``_WINDOW`` bytes that holds
-        some, so scattered places cost neither a read each nor the whole span."""
-        out = np.empty(len(places), dtype=self.dtype)
-        if not len(places):
-            return out
-        window = (places - places[0]) // max(1, _WINDOW // self.dtype.itemsize)
-        cuts = (np.flatnonzero(np.diff(window)) + 1).tolist()
-        for lo, hi in zip([0, *cuts], [*cuts, len(places)], strict=True):
-            first = int(places[lo])
-            out[lo:hi] = self.slice(first, int(places[hi - 1]) + 1)[places[lo:hi] - first]
-        return out
-
-
-def _read_header(prefix: Path, idx: Path) -> tuple[np.dtype, int, int]:
-    """The token dtype, the sequence count S and the document index count D, once the header
-    is valid and the ``.idx`` has the size it implies."""
-    size = idx.stat().st_size
-    if size < HEADER.size:
-        raise _fail(prefix, f"has {size} bytes, fewer than its {HEADER.size}-byte header")
-    with open(idx, "rb") as f:
-        magic, version, code, sequences, entries = HEADER.unpack(f.read(HEADER.size))
-    if magic != MAGIC:
-        raise _fail(prefix, f"starts with {magic!r}, not {MAGIC!r}")
-    if version != 1:
-        raise _fail(prefix, f"has version {version}; version 1 is the one read")
-    if code not in DTYPES:
-        kind = f"{_FLOATS[code]}, not token ids" if code in _FLOATS else "unknown"
-        raise _fail(prefix, f"has dtype code {code} ({kind})")
-    body = sequences * 12 + entries * 8
-    if entries < 1 or size not in (HEADER.size + body, HEADER.size + body + sequences):
-        raise _fail(
-            prefix,
-            f"has {size} bytes, but its header ({sequences:,} sequences, {entries:,} document "
-            f"index entries) needs {HEADER.size + body} (or {sequences:,} more with modes)",
-        )
-    return np.dtype(DTYPES[code]), sequences, entries
-
-
-def _check_sequences(
-    prefix: Path,
-    lengths: _FileArray,
-    pointers: _FileArray,
-    sequences: int,
-    itemsize: int,
-    bin_bytes: int,
-) -> None:
-    """The lengths are non-negative and the pointers lay the sequences end to end over the
-    whole ``.bin`` (a chunk of them in memory at a time)."""
-    done = 0
-    for lo in range(0, sequences, _CHUNK):
-        hi = min(lo + _CHUNK, sequences)
-        part = lengths.slice(lo, hi).astype(np.int64)
-        if int(part.min()) < 0:
-            raise _fail(prefix, f"has a negative sequence length ({int(part.min())})")
-        ends = done + np.cumsum(part)
-        expected = (ends - part) * itemsize
-        found = pointers.slice(lo, hi)
-        wrong = np.flatnonzero(found != expected)
-        if len(wrong):
-            first = int(wrong[0])
-            raise _fail(
-                prefix,
-                f"points sequence {lo + first} at byte {int(found[first])}, not "
-                f"{int(expected[first])} (sequences must follow each other in the .bin)",
-            )
-        done = int(ends[-1])
-    if done * itemsize != bin_bytes:
-        raise _fail(
-            prefix,
-            f"describes {done * itemsize:,} bytes of tokens, but the .bin has {bin_bytes:,}",
-        )
 
 
 class _KeptFile(PosixPath):
