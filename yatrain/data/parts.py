@@ -34,6 +34,7 @@ from yatrain.data.prepare import (
 )
 from yatrain.data.shards import FORMAT, MANIFEST, load_manifest
 from yatrain.data.split import DEFAULT_VAL_FRACTION
+from yatrain.data.tokenizer import Tokenizer
 from yatrain.data.tokenizer_formats import load_tokenizer
 from yatrain.errors import DataError
 
@@ -135,9 +136,7 @@ def prepare_part(
     output, (index, count) = Path(output), shard
     _check_options(val_fraction, shard_tokens)
     workers = check_workers(workers)
-    check_outside_inputs(output, inputs)
-    merged = _merged_record(output, index, count)
-    check_part_output(output)
+    merged = _checked_output(output, inputs, index, count)
     corpus = Corpus(inputs, text_field=text_field, skip_bad_records=skip_bad_records)
     split_text = not skip_bad_records
     options = dict(
@@ -150,6 +149,38 @@ def prepare_part(
         val_fraction=val_fraction,
         shard_tokens=shard_tokens,
     )
+    info = _part_record(output, corpus, options, shard, split_text, merged)
+    source = load_tokenizer(tokenizer, bos_token, eos_token)
+    final = output / PARTS / part_name(index, count)
+    if (final / MANIFEST).is_file():
+        return _finished(final, info, source.sha256)
+    corpus.pieces = part_pieces(corpus.files, count, index, split_text)
+    settings = Options(shard_tokens, workers, encode_threads, progress, val_fraction)
+    return _write_part(final, info, corpus, source, settings)
+
+
+def _checked_output(output: Path, inputs: list[Path] | None, index: int, count: int) -> dict | None:
+    """The parts record of a data set already merged in ``output`` (or None), once
+    ``output`` is found fit for part ``index`` of ``count``: outside the inputs, and holding
+    only what prepare-data writes there."""
+    check_outside_inputs(output, inputs)
+    merged = _merged_record(output, index, count)
+    check_part_output(output)
+    return merged
+
+
+def _part_record(
+    output: Path,
+    corpus: Corpus,
+    options: dict,
+    shard: tuple[int, int],
+    split_text: bool,
+    merged: dict | None,
+) -> dict:
+    """The part's record for its manifest (what the merge and a rerun compare): its place
+    in the plan, the plan's digest, the options and its two cuts. A data set merged in
+    ``output`` must come from the same plan."""
+    index, count = shard
     digest = plan_sha256(corpus.files, count, split_text)
     if merged is not None and merged.get("plan_sha256") != digest:
         raise DataError(
@@ -157,18 +188,21 @@ def prepare_part(
             "another --output"
         )
     lo, hi, _, _ = part_cuts(corpus.files, count, index, split_text)
-    info = {
+    return {
         "index": index,
         "count": count,
         "plan_sha256": digest,
         "options": options,
         "cuts": [list(lo), list(hi)],
     }
-    source = load_tokenizer(tokenizer, bos_token, eos_token)
-    final = output / PARTS / part_name(index, count)
-    if (final / MANIFEST).is_file():
-        return _finished(final, info, source.sha256)
-    corpus.pieces = part_pieces(corpus.files, count, index, split_text)
+
+
+def _write_part(
+    final: Path, info: dict, corpus: Corpus, source: Tokenizer, settings: Options
+) -> dict:
+    """Tokenize the part's pieces into a temporary directory renamed to ``final``; when
+    another task of the same part renamed its own there first, that one is the part."""
+    index, count = info["index"], info["count"]
 
     def build(tmp: Path) -> dict:
         manifest = {
@@ -177,7 +211,6 @@ def prepare_part(
             "tokenizer_files": source.save(tmp),
             "part": info,
         }
-        settings = Options(shard_tokens, workers, encode_threads, progress, val_fraction)
         print(f"part {index}/{count}: {len(corpus.pieces)} piece(s) of input", file=sys.stderr)
         return tokenize(tmp, manifest, corpus, source, settings, whole=False)
 
