@@ -51,6 +51,19 @@ def check_sampling(max_new_tokens: int, sampling: Sampling) -> None:
         raise ConfigError(f"--top-p must be above 0 and at most 1, got {sampling.top_p}")
 
 
+def _check_request(prompt: str, seed: int) -> None:
+    """The prompt, the seed and the launch a user can get wrong, as one line each, before
+    the checkpoint is read."""
+    if not 0 <= seed < 2**64:
+        raise ConfigError(f"--seed {seed}: give a whole number from 0 to 2^64-1")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("--prompt is not valid UTF-8 text: pass the prompt in UTF-8") from None
+    if launched_world_size() > 1:
+        raise ConfigError("yatrain generate runs in one process: run it without torchrun")
+
+
 def generate_text(
     path: Path,
     prompt: str,
@@ -65,14 +78,7 @@ def generate_text(
     the new token ids, the new text and why it stopped. CPU runs in fp32; a GPU in the
     run's training dtype."""
     check_sampling(max_new_tokens, sampling)
-    if not 0 <= seed < 2**64:
-        raise ConfigError(f"--seed {seed}: give a whole number from 0 to 2^64-1")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError("--prompt is not valid UTF-8 text: pass the prompt in UTF-8") from None
-    if launched_world_size() > 1:
-        raise ConfigError("yatrain generate runs in one process: run it without torchrun")
+    _check_request(prompt, seed)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with reading(Path(path)):  # a running job's rotation may delete it meanwhile
         saved = open_checkpoint(Path(path))
