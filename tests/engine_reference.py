@@ -17,8 +17,8 @@ from yatrain.data.batch import MicroBatch
 from yatrain.models.float8 import apply_float8
 from yatrain.models.llama import build_model, materialize
 from yatrain.recipe.config import ModelConfig
+from yatrain.runtime.compile import compile_layers
 from yatrain.sharding import ShardedEngine
-from yatrain.train.compile import compile_layers
 from yatrain.train.optim import run_optimizer, set_lr
 from yatrain.train.schedule import lr_at
 from yatrain.train.step import train_step

@@ -23,8 +23,8 @@ from yatrain.inference.evaluate_checkpoint import evaluate_checkpoint
 from yatrain.inference.generate_text import generate_text
 from yatrain.models.llama import build_model
 from yatrain.recipe.load import load_recipe
+from yatrain.runtime.compile import check_backend, compile_layers
 from yatrain.train import loop
-from yatrain.train.compile import check_backend, compile_layers
 from yatrain.train.loop import pretrain
 from yatrain.train.setup import Checks
 from yatrain.train.step import train_step

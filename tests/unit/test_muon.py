@@ -31,7 +31,7 @@ from engine_reference import (
 )
 
 from yatrain.models.llama import build_model, materialize
-from yatrain.optim import ShardedMuon, zeropower
+from yatrain.optim import ShardedMuon, step_unless, zeropower
 from yatrain.optim.exchange import MatrixExchange, assign_owners, ns_cost
 from yatrain.plan.memory import plan_for_layers
 from yatrain.recipe.config import OptimConfig
@@ -39,7 +39,7 @@ from yatrain.recipe.load import load_recipe
 from yatrain.sharding.groups import hybrid_mesh
 from yatrain.sharding.layout import FlatLayout, ParamSlot
 from yatrain.sharding.traffic import step_traffic
-from yatrain.train.optim import run_optimizer, step_unless
+from yatrain.train.optim import run_optimizer
 from yatrain.train.schedule import lr_at
 from yatrain.train.step import train_step
 

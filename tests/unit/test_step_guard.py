@@ -7,7 +7,7 @@ import torch
 
 from yatrain.testing.host_syncs import HostSyncCounter
 from yatrain.train.guard import StepGuard
-from yatrain.train.optim import step_unless
+from yatrain.optim import step_unless
 
 INF, NAN = float("inf"), float("nan")
 

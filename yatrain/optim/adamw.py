@@ -13,7 +13,7 @@ def fused_adamw(
     """Decoupled weight decay; the groups already say which tensors decay (none on norms).
 
     ``fused`` runs the whole update as one kernel per tensor on CUDA and CPU and takes the
-    device's ``found_inf`` flag (``train.optim.step_unless``); it falls back to ``foreach``
+    device's ``found_inf`` flag (``optim.skip.step_unless``); it falls back to ``foreach``
     where the build lacks it. The LR is set by the loop every step."""
     device = groups[0]["params"][0].device
     try:

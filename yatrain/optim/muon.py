@@ -30,7 +30,7 @@ MOMENTUM = "momentum_buffer"  # torch.optim.Muon's name for it, and the checkpoi
 class ShardedMuon(Optimizer):
     """``groups``: the engine's groups, each tagged ``kind``; a ``muon`` group is one unit's
     shard and ``maps`` gives its matrix map, in the same order. A non-finite step (the
-    ``found_inf`` flag of ``train.optim.step_unless``, as fused AdamW takes it) leaves the
+    ``found_inf`` flag of ``optim.skip.step_unless``, as fused AdamW takes it) leaves the
     weights and every state bitwise as they were, decided on the device; the exchange runs
     all the same (it is collective)."""
 

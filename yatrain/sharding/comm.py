@@ -31,7 +31,7 @@ stream stalled behind the event it waits on.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -305,3 +305,12 @@ def _work(handle: Handle) -> dist.Work:
     if handle.work is None:
         raise RuntimeError(f"a {handle.kind or 'collective'} handle without its work")
     return handle.work
+
+
+def merge_traffic(comms: Iterable[Communicator | None]) -> dict[str, tuple[int, int]]:
+    """Several communicators' ``traffic()`` added up, kind by kind."""
+    total = dict.fromkeys(KINDS, (0, 0))
+    for comm in filter(None, comms):
+        for kind, (count, sent) in comm.traffic().items():
+            total[kind] = (total[kind][0] + count, total[kind][1] + sent)
+    return total

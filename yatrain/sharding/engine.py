@@ -22,7 +22,6 @@ no forward that does not need it holds it.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from yatrain.sharding.arrival import GradientArrival
 from yatrain.sharding.buffers import WorkBuffers
-from yatrain.sharding.comm import Communicator
+from yatrain.sharding.comm import Communicator, merge_traffic
 from yatrain.sharding.contract import InitHooks, ShardableModel, backward_reads_weights
 from yatrain.sharding.float8 import Float8Format, Float8Gathers
 from yatrain.sharding.gathers import UnitGathers
@@ -42,7 +41,13 @@ from yatrain.sharding.hooks import UnitHooks
 from yatrain.sharding.layout import MatrixMap, plan_layouts
 from yatrain.sharding.shards import MasterShards
 from yatrain.sharding.sizes import EngineBuffers, device_memory, engine_buffers, staging_budget
-from yatrain.sharding.state import ShardView, StateEntry, shard_views, state_entries
+from yatrain.sharding.state import (
+    ShardView,
+    StateEntry,
+    gather_full,
+    sharded_views,
+    state_entries,
+)
 from yatrain.sharding.step_state import Phase, StepState
 from yatrain.sharding.timing import IntervalClock
 
@@ -297,29 +302,13 @@ class ShardedEngine:
         (AdamW: ``exp_avg``, ``exp_avg_sq``; Muon: ``momentum_buffer``). Views, no copies."""
         params: list[torch.Tensor] = [*self.owned_params, self.shards.small_param]
         layouts = [*(self.layouts[i] for i in self.owned), self.small]
-        state = {"model": shard_views(entries := self.state_layout, layouts, self.rank, params)}
-        for entry, layout, param in zip(entries, layouts, params, strict=True):
-            for name, value in (optimizer.state[param] if optimizer else {}).items():
-                if torch.is_tensor(value) and value.shape == param.shape:
-                    views = shard_views([entry], [layout], self.rank, [value])
-                    state.setdefault(name, {}).update(views)
-        return state
+        states = [optimizer.state[p] if optimizer else {} for p in params]
+        return sharded_views(self.state_layout, layouts, self.rank, params, states)
 
     def progress(self) -> dict[str, Any]:
-        """Where this rank is in its step (read by a hang report, from another thread):
-        phase, unit, micro-batch, the collectives it has entered and what it waits on."""
-        comms = [self.comm, self.replica_comm]
-        if self.buffers.reducer is not None and self.buffers.reducer.comm is not self.comm:
-            comms.append(self.buffers.reducer.comm)
-        blocked = self.waits.blocked
-        return {
-            "phase": self.phase,
-            "unit": self.step_state.unit,
-            "micro_batch": self.step_state.micro_batches,
-            "collectives": sum(c.entered for c in comms if c is not None),
-            "waiting_on": blocked,
-            "waiting_s": time.monotonic() - self.waits.blocked_since if blocked else None,
-        }
+        """Where this rank is in its step, for a hang report (``StepState.progress``)."""
+        entered = sum(c.entered for c in [*self._group_comms(), self.replica_comm] if c)
+        return self.step_state.progress(self.phase, self.waits, entered)
 
     @property
     def bytes_sent(self) -> int:
@@ -329,22 +318,19 @@ class ShardedEngine:
     @property
     def bytes_sent_intra(self) -> int:
         """Sent within the shard group: gathers, reduce-scatters, the norm's all-reduce."""
-        reducer = self.buffers.reducer
-        extra = reducer.comm.bytes_sent if reducer and reducer.comm is not self.comm else 0
-        return self.comm.bytes_sent + extra
+        return sum(comm.bytes_sent for comm in self._group_comms())
 
     def traffic(self) -> dict[str, tuple[int, int]]:
-        """The engine's collectives by kind, ``(count, bytes sent)``, over its communicators:
-        the shard group's, its reducer's own, the replicas'."""
+        """The engine's collectives by kind, ``(count, bytes sent)``, within the shard group
+        and across the replicas."""
+        return merge_traffic([*self._group_comms(), self.replica_comm])
+
+    def _group_comms(self) -> list[Communicator]:
+        """The shard group's communicators: the engine's, and its reducer's own if it has one."""
         reducer = self.buffers.reducer
-        comms = [self.comm, self.replica_comm]
-        comms += [reducer.comm] if reducer and reducer.comm is not self.comm else []
-        total: dict[str, tuple[int, int]] = {}
-        for comm in filter(None, comms):
-            for kind, (count, sent) in comm.traffic().items():
-                before = total.get(kind, (0, 0))
-                total[kind] = (before[0] + count, before[1] + sent)
-        return total
+        if reducer is None or reducer.comm is self.comm:
+            return [self.comm]
+        return [self.comm, reducer.comm]
 
     @property
     def bytes_sent_cross(self) -> int:
@@ -352,14 +338,7 @@ class ShardedEngine:
         return self.replica_comm.bytes_sent if self.replica_comm else 0
 
     # ------------------------------------------------------------------ full weights
-    @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter in fp32 on CPU, gathered one unit at a time (tests and export)."""
-        result: dict[str, torch.Tensor] = {}
         pairs = [(self.layouts[i], self.shards.unit_master[i]) for i in self.owned]
-        for layout, shard in [*pairs, (self.small, self.shards.small_master)]:
-            full = torch.empty(layout.padded_numel, dtype=torch.float32, device=self.device)
-            self.comm.wait(self.comm.all_gather(full, shard))
-            for slot, view in zip(layout.slots, layout.views(full), strict=True):
-                result[slot.name] = view.detach().cpu().clone()
-        return result
+        return gather_full(self.comm, [*pairs, (self.small, self.shards.small_master)])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from yatrain.sharding.comm import Communicator
 from yatrain.sharding.contract import ShardableModel
 from yatrain.sharding.layout import FlatLayout, plan_layouts
 
@@ -83,3 +84,34 @@ def shard_views(
         real = max(0, min(layout.shard_numel, layout.numel - start))
         views[entry.key] = ShardView(piece[:real], min(start, layout.numel), layout.numel)
     return views
+
+
+def sharded_views(
+    entries: list[StateEntry],
+    layouts: list[FlatLayout],
+    rank: int,
+    params: list[torch.Tensor],
+    states: list[dict],
+) -> dict[str, dict[str, ShardView]]:
+    """``"model"``: this rank's piece of each entry's ``params``; and by state name (an
+    optimizer's per-parameter state, ``states``) the pieces of every state tensor shaped
+    like its parameter."""
+    state = {"model": shard_views(entries, layouts, rank, params)}
+    for entry, layout, param, held in zip(entries, layouts, params, states, strict=True):
+        for name, value in held.items():
+            if torch.is_tensor(value) and value.shape == param.shape:
+                state.setdefault(name, {}).update(shard_views([entry], [layout], rank, [value]))
+    return state
+
+
+@torch.no_grad()
+def gather_full(comm: Communicator, pairs: list[tuple[FlatLayout, torch.Tensor]]) -> dict:
+    """Every parameter of each ``(layout, shard)`` in fp32 on CPU, gathered over ``comm`` one
+    flat tensor at a time."""
+    result: dict[str, torch.Tensor] = {}
+    for layout, shard in pairs:
+        full = torch.empty(layout.padded_numel, dtype=torch.float32, device=shard.device)
+        comm.wait(comm.all_gather(full, shard))
+        for slot, view in zip(layout.slots, layout.views(full), strict=True):
+            result[slot.name] = view.detach().cpu().clone()
+    return result

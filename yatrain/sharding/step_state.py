@@ -10,12 +10,14 @@ step (``gradients.py``) reads those reductions and hands the averaging factor fr
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from yatrain.sharding.reduce import ReduceJob
+from yatrain.sharding.timing import IntervalClock
 
 Phase = Literal["idle", "forward", "backward"]
 UnitPhase = Literal["idle", "forward", "backward", "done"]
@@ -70,3 +72,17 @@ class StepState:
     def in_last_micro_batch(self) -> bool:
         """The step's last micro-batch, as announced by ``expect_micro_batches``."""
         return self.micro_batches == self.expected_micro_batches
+
+    def progress(self, phase: Phase, waits: IntervalClock, entered: int) -> dict[str, Any]:
+        """Where this rank is in its step (read by a hang report, from another thread):
+        ``phase``, unit, micro-batch, the ``entered`` collectives and what ``waits`` is
+        blocked on, for how long."""
+        blocked = waits.blocked
+        return {
+            "phase": phase,
+            "unit": self.unit,
+            "micro_batch": self.micro_batches,
+            "collectives": entered,
+            "waiting_on": blocked,
+            "waiting_s": time.monotonic() - waits.blocked_since if blocked else None,
+        }

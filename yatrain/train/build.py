@@ -143,7 +143,7 @@ def build_model_and_engine(
         say=say,
     )
     if recipe.train.compile:
-        from yatrain.train.compile import compile_layers  # dynamo: only for a compiled run
+        from yatrain.runtime.compile import compile_layers  # dynamo: only for a compiled run
 
         cp = recipe.sharding.context_parallel > 1  # attention's collectives stay eager
         compile_layers(model.layers, recipe.train.compile_backend, eager_attention=cp)

@@ -25,7 +25,7 @@ from yatrain.train.profile import StepProfiler
 from yatrain.train.rundir import RunDirLock
 
 if TYPE_CHECKING:  # imported by a compiled run only (setup.compile_watch)
-    from yatrain.train.compile import CompileWatch
+    from yatrain.runtime.compile import CompileWatch
 
 
 @dataclass

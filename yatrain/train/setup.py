@@ -39,7 +39,7 @@ from yatrain.train.run import Opened, Run
 from yatrain.train.rundir import claim_run_dir
 
 if TYPE_CHECKING:  # imported by a compiled run only (compile_watch)
-    from yatrain.train.compile import CompileWatch
+    from yatrain.runtime.compile import CompileWatch
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def check_recipe(
     require_tensorboard(recipe)
     layers = start_plan(recipe, layout, budget, fit, say)
     if recipe.train.compile:
-        from yatrain.train.compile import check_backend  # dynamo: only for a compiled run
+        from yatrain.runtime.compile import check_backend  # dynamo: only for a compiled run
 
         check_backend(recipe.train.compile_backend, runtime.device)
     check_float8(recipe.train.float8, runtime.device, recipe.model)
@@ -200,7 +200,7 @@ def compile_watch(recipe: Recipe, run_dir: Path) -> CompileWatch | None:
     private per-user cache, never in the run directory (runtime/compile_cache.py)."""
     if not recipe.train.compile:
         return None
-    from yatrain.train.compile import CompileWatch  # dynamo: only for a compiled run
+    from yatrain.runtime.compile import CompileWatch  # dynamo: only for a compiled run
 
     cache = cache_for_run(recipe.train.compile_cache, run_dir)
     return CompileWatch(recipe.train.compile_backend, cache)

@@ -6,7 +6,7 @@ reduce-scatters each unit's gradient as soon as it is complete), ``reduce_gradie
 for the last reductions), ``clip_grad_norm_`` (exact global norm; it also averages over
 ranks and micro-batches, in the same pass as the clipping), the guard (all ranks agree on
 the host whether to stop, and on the device whether the step is finite), the optimizer step
-with that flag (a non-finite step changes nothing: ``optim.step_unless``), the guard's
+with that flag (a non-finite step changes nothing: ``optim/skip.py``), the guard's
 record of whether the updated weights are finite, ``after_step`` (free the gradient shards,
 mark the gather buffers stale). Nothing here reads a device value: the host never waits for
 the device inside a step (``runtime.host_reads``).
@@ -23,9 +23,9 @@ from torch import nn
 from yatrain.context_parallel.split import ContextParallel
 from yatrain.data.batch import MicroBatch
 from yatrain.models.loss import LossFn, model_loss
+from yatrain.optim import step_unless
 from yatrain.sharding import ShardedEngine
 from yatrain.train.guard import StepGuard
-from yatrain.train.optim import step_unless
 from yatrain.train.timing import NoClock, StepClock
 
 # A MicroBatch, or an (inputs, targets) pair: a micro-batch without model inputs.
