@@ -38,8 +38,10 @@ def _one_report(run_dir: Path, errs: list[str]) -> list[str]:
         if line.startswith("yatrain: hang report")
     ]
     assert len(heads) == 1, "\n".join(e[-2000:] for e in errs)
-    lines = (run_dir / "hang/report.txt").read_text().splitlines()
+    lines = (run_dir / "hang/attempt-1/report.txt").read_text().splitlines()
     assert lines[0] == heads[0][1]
+    assert (run_dir / "hang/report.txt").read_text().splitlines() == lines  # the newest
+    assert lines[-1].endswith(f"{run_dir}/hang/attempt-1/stack-rank*.txt")  # its own stacks
     return lines
 
 
@@ -60,7 +62,7 @@ def test_a_rank_hung_in_compute_is_named_behind(small_data, isolated_env, tmp_pa
     assert any(line.startswith("  ranks 0-1, 3: step 3, waiting in an all-") for line in report)
     for rank in (0, 1, 3):
         assert "step 3 has made no progress" in _one_error_line(errs[rank], rank, agent)
-    stack = (run_dir / "hang/stack-rank2.txt").read_text()
+    stack = (run_dir / "hang/attempt-1/stack-rank2.txt").read_text()
     assert "_next_batch" in stack and "sitecustomize" in stack  # where it hangs
 
 
@@ -71,7 +73,8 @@ def test_a_killed_rank_is_named_missing(small_data, isolated_env, tmp_path):
     assert not any(line.endswith("<- behind") for line in report), report
     for rank in (0, 1, 3):
         _one_error_line(errs[rank], rank, agent)
-        assert (run_dir / f"hang/stack-rank{rank}.txt").stat().st_size > 0
+        assert (run_dir / f"hang/attempt-1/stack-rank{rank}.txt").stat().st_size > 0
+    assert not (run_dir / "hang/attempt-1/stack-rank2.txt").exists()  # dead: none, not empty
 
 
 SLOW_RANK = """

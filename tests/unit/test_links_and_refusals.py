@@ -22,7 +22,7 @@ from yatrain.runtime.compile_cache import (
     restore_inductor_cache,
     use_inductor_cache,
 )
-from yatrain.runtime.hang import StackFile
+from yatrain.runtime.hang import StackFile, use_attempt
 from yatrain.train.rundir import LOCK_FILE, OWNER_FILE, RunDirLock
 
 USERS = "a user's own file, not a line to cut"  # no newline: a torn tail to yatrain
@@ -37,9 +37,10 @@ def victim(tmp_path):
 
 def test_a_link_at_a_file_yatrain_writes_is_never_written_through(tmp_path, victim):
     run_dir = tmp_path / "run"
-    (run_dir / "hang").mkdir(parents=True)
+    (run_dir / "hang/attempt-1").mkdir(parents=True)
     (run_dir / "metrics.jsonl").touch()  # a yatrain run (from before the lock)
-    for name in (LOCK_FILE, "hang/stack-rank0.txt", "results.jsonl", "report.html"):
+    use_attempt(run_dir, 1)
+    for name in (LOCK_FILE, "hang/attempt-1/stack-rank0.txt", "results.jsonl", "report.html"):
         (run_dir / name).symlink_to(victim)
     with pytest.raises(ConfigError, match=rf"{LOCK_FILE} is a symbolic link"):
         RunDirLock(run_dir)  # a resume: it wrote its JSON into the user's file

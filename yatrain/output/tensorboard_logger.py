@@ -17,6 +17,7 @@ from pathlib import Path
 from yatrain.errors import ConfigError
 from yatrain.output.record import MetricsRecord
 from yatrain.recipe.config import Recipe
+from yatrain.runtime.run_paths import own_folder
 
 
 def require_tensorboard(recipe: Recipe) -> None:
@@ -57,14 +58,11 @@ class TensorBoardLogger:
 
 
 def writable_folder(folder: Path) -> Path:
-    """``folder``, made if missing; one line when a file is in the way or it is read-only
-    (TensorBoard's writer thread would fail later, with a traceback)."""
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(
-            f"{folder} is a file, not a directory: move it away, or set logging.tensorboard=false"
-        )
+    """``folder``, made if missing; one line when it is a link or a file is in the way
+    (``run_paths.own_folder``), or it is read-only (TensorBoard's writer thread would fail
+    later, with a traceback)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        own_folder(folder)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as error:
         raise ConfigError(

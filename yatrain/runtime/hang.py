@@ -9,10 +9,17 @@ collective: it works while ranks are stuck) and publishes its note; every other 
 watchdog sees the request at its next check and publishes its own. The first rank to ask
 collects the notes for up to ``grace_s`` and prints one report: the ranks that are behind
 (fewer collectives entered than the rest: the culprit of a hang), the ranks that sent
-nothing (dead, or unable to run Python), and where the rest wait. The report is also
-written to ``RUN_DIR/hang/report.txt``; each rank's Python stacks are in
-``RUN_DIR/hang/stack-rankR.txt`` (``faulthandler``, armed for the watchdog's timeout, so
-they are written even while a thread holds the GIL). On GPUs Python only knows which
+nothing (dead, or unable to run Python), and where the rest wait.
+
+Each attempt of a run (a start, a restart by ``--resume auto`` or the launcher's
+``--max-restarts``) keeps its evidence in a folder of its own, ``RUN_DIR/hang/attempt-N/``
+(N chosen by rank 0 when it claims the run directory, ``use_attempt``), so a restart never
+wipes the stacks of the hang that made it: each rank's Python stacks in
+``stack-rankR.txt`` (``faulthandler``, armed for the watchdog's timeout, so they are written
+even while a thread holds the GIL), the report in ``report.txt``, which names the stacks of
+its own attempt; ``RUN_DIR/hang/report.txt`` is a copy of the newest report. A rank that
+died without a word (SIGKILL) leaves no empty stack file beside the report. ``hang/`` and
+its folders are never links (``run_paths.own_folder``). On GPUs Python only knows which
 collectives were enqueued, not which finished: NCCL's flight recorder is on
 (``runtime.nccl_flight_recorder``) and the report says where its dumps go.
 """
@@ -31,23 +38,52 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from yatrain.errors import YatrainError
 from yatrain.files import no_follow, write_whole
+from yatrain.runtime.run_paths import check_folder, own_folder
 
 POLL_S = 0.1  # how often the collecting rank looks for the notes still missing
+REPORT = "report.txt"
+_ATTEMPTS: dict[str, int] = {}  # run directory -> this process's attempt (use_attempt)
 
 
 def hang_dir(run_dir: Path) -> Path:
     return run_dir / "hang"
 
 
+def next_attempt(run_dir: Path) -> int:
+    """The first N with no ``hang/attempt-N`` (rank 0, holding the run directory's lock);
+    one line when ``hang`` is a link or not a directory."""
+    check_folder(hang_dir(run_dir))
+    number = 1
+    while os.path.lexists(hang_dir(run_dir) / f"attempt-{number}"):
+        number += 1
+    return number
+
+
+def use_attempt(run_dir: Path, number: int) -> None:
+    """This process's ranks write their hang evidence for ``run_dir`` into attempt
+    ``number`` (every rank gets rank 0's number with the run directory)."""
+    _ATTEMPTS[str(run_dir)] = number
+
+
+def attempt_dir(run_dir: Path) -> Path:
+    """``RUN_DIR/hang/attempt-N`` of this attempt (a caller that claimed no run directory
+    gets the next free one, kept for the rest of the process)."""
+    number = _ATTEMPTS.setdefault(str(run_dir), next_attempt(run_dir))
+    return hang_dir(run_dir) / f"attempt-{number}"
+
+
 class StackFile:
-    """``RUN_DIR/hang/stack-rankR.txt``: the Python stacks of every thread of this rank,
-    written by ``faulthandler`` once a phase has lasted ``timeout_s`` (``arm``), or now
-    (``dump``). Removed at a clean exit when nothing was written."""
+    """``RUN_DIR/hang/attempt-N/stack-rankR.txt``: the Python stacks of every thread of
+    this rank, written by ``faulthandler`` once a phase has lasted ``timeout_s`` (``arm``),
+    or now (``dump``). Removed at a clean exit when nothing was written."""
 
     def __init__(self, run_dir: Path, rank: int) -> None:
-        hang_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        self.path = hang_dir(run_dir) / f"stack-rank{rank}.txt"
+        folder = attempt_dir(run_dir)
+        own_folder(folder.parent)
+        own_folder(folder)
+        self.path = folder / f"stack-rank{rank}.txt"
         self.file = open(self.path, "w", opener=no_follow)  # noqa: SIM115 -- closed in close()
 
     def arm(self, timeout_s: float | None) -> None:
@@ -68,6 +104,7 @@ class StackFile:
             self.path.unlink()
             with contextlib.suppress(OSError):  # other ranks' files may still be there
                 self.path.parent.rmdir()
+                self.path.parent.parent.rmdir()
 
 
 class HangReporter:
@@ -87,7 +124,13 @@ class HangReporter:
         self.store = dist.PrefixStore(f"hang/{key}", store)
         self.rank, self.world_size, self.run_dir = rank, world_size, run_dir
         self.snapshot, self.grace_s, self.flight_recorder = snapshot, grace_s, flight_recorder
+        self.folder = attempt_dir(run_dir)  # this attempt's evidence
         self.published = False
+
+    @property
+    def report_path(self) -> Path:
+        """Where this attempt's report is written."""
+        return self.folder / REPORT
 
     def requested(self) -> bool:
         """Has some rank asked for a report? (polled by the watchdog)"""
@@ -124,14 +167,15 @@ class HangReporter:
                 return self.store.get("headline").decode()
             return None
         notes = self._collect()
+        self._drop_empty_stacks(notes)
         text = format_report(
-            notes, self.world_size, self.run_dir, self.rank, why, self.flight_recorder
+            notes, self.world_size, self.folder, self.rank, why, self.flight_recorder
         )
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
-        with contextlib.suppress(OSError):
-            hang_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
-            write_whole(hang_dir(self.run_dir) / "report.txt", text + "\n")
+        with contextlib.suppress(OSError, YatrainError):  # the report is on stderr already
+            write_whole(own_folder(self.folder) / REPORT, text + "\n")
+            write_whole(hang_dir(self.run_dir) / REPORT, text + "\n")  # the newest
         headline = blame_headline(notes, self.world_size)[0]
         with contextlib.suppress(Exception):
             self.store.set("headline", headline)
@@ -147,6 +191,16 @@ class HangReporter:
                 if self.store.check([key]):
                     notes[rank] = json.loads(self.store.get(key))
         return notes
+
+    def _drop_empty_stacks(self, notes: dict[int, dict]) -> None:
+        """Remove the still empty stack files of ranks that sent no note within the wait:
+        killed (SIGKILL) before they could close them. A rank that is alive but cannot run
+        Python has dumped its stacks by now (its timer fired with this one's)."""
+        for rank in range(self.world_size):
+            path = self.folder / f"stack-rank{rank}.txt"
+            with contextlib.suppress(OSError):
+                if rank not in notes and os.lstat(path).st_size == 0:
+                    path.unlink()
 
     def stopped(self) -> None:
         """Say this rank has printed its line, then wait (bounded) for every other rank that
@@ -171,13 +225,13 @@ class HangReporter:
 def format_report(
     notes: dict[int, dict],
     world_size: int,
-    run_dir: Path,
+    folder: Path,
     by: int,
     why: str,
     flight_recorder: str | None = None,
 ) -> str:
     """The report's text: a headline naming the culprits, then one line per group of ranks
-    in the same place."""
+    in the same place, and where the stacks of this attempt are (``folder``)."""
     headline, behind = blame_headline(notes, world_size)
     missing = [r for r in range(world_size) if r not in notes]
     lines = [f"yatrain: hang report (by rank {by}, {why}): {headline}"]
@@ -189,7 +243,7 @@ def format_report(
         lines.append(f"  {ranks_text(ranks)}: {text}{tag}")
     if missing:
         lines.append(f"  {ranks_text(missing)}: no note within the report's wait")
-    stacks = hang_dir(run_dir) / "stack-rank*.txt"
+    stacks = folder / "stack-rank*.txt"
     lines.append(f"  Python stacks of every rank that reached its timeout: {stacks}")
     if flight_recorder:
         lines.append(

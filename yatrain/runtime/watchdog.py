@@ -99,7 +99,7 @@ class Watchdog:
         which = "its output says which"
         if self.reporter is not None:
             headline = self.reporter.report(f"{phase} made no progress for {waited:.0f} s")
-            report = self.reporter.run_dir / "hang/report.txt"
+            report = self.reporter.report_path
             which = f"the hang report, {report}, says: {headline}" if headline else which
         line = (
             f"{phase} has made no progress for {waited:.0f} s (train.collective_timeout_s "

@@ -11,8 +11,9 @@ allocator's history over those steps, recorded with ``torch.cuda.memory``'s docu
 
 The profiler's C++ parts print notices of their own to stderr (kineto's ``USDT:`` start and
 stop markers, the allocator's note on blocks allocated before tracing began), which no
-setting turns off once torch is loaded: while tracing, stderr goes to a file and is replayed
-without them when tracing ends.
+setting turns off once torch is loaded: while tracing and writing the trace, stderr (file
+descriptor 2) goes to a file, and is written back as it was, less those notices, when it
+ends; a progress bar redrawn meanwhile is written back too, without a notice inside it.
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from yatrain.runtime.run_paths import check_folder, own_folder
+
 WARMUP_STEPS = 2
-_NOISE = re.compile(r"^USDT:|CPUAllocator\.cpp.*allocated before the profiling started")
+# The profiler's notices, wherever they start: a progress bar drawn without a newline may
+# come before one on the same line (tqdm redraws with "\r").
+_NOISE = re.compile(
+    rb"USDT:[^\n]*\n?|\[[A-Z][^\n\r\]]*CPUAllocator\.cpp[^\n]*before the profiling started[^\n]*\n?"
+)
 SNAPSHOT_ENTRIES = 100_000  # allocator events kept for the memory snapshot
 
 
@@ -48,6 +55,8 @@ class StepProfiler:
         self.first = start_step + WARMUP_STEPS + 1 if steps else -1
         self.last = self.first + steps - 1 if steps else -1
         self.out_dir, self.rank, self.device, self.say = run_dir / "profile", rank, device, say
+        if steps:
+            check_folder(self.out_dir)  # a link or a file there: one line before step 1
         self.profiler: profile | None = None
         self.quiet: _QuietStderr | None = None
         self.current = self.first
@@ -84,14 +93,20 @@ class StepProfiler:
         self.profiler.start()
 
     def _finish(self) -> None:
+        """Stop tracing and write the files; the profiler's own notices stay quiet until
+        they are written (kineto's ``profiler_stop`` marker comes while exporting)."""
         profiler, self.profiler = self.profiler, None
         try:
             profiler.stop()
+            written = self._export(profiler)
         finally:
             if self.quiet is not None:
                 self.quiet.restore()
                 self.quiet = None
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.say(f"profile of steps {self.first}-{self.last}: {', '.join(map(str, written))}")
+
+    def _export(self, profiler: profile) -> list[Path]:
+        own_folder(self.out_dir)  # never through a link (runtime/run_paths.py)
         name = f"rank{self.rank}-steps{self.first}-{self.last}"
         trace = self.out_dir / f"trace-{name}.json"
         _write(trace, profiler.export_chrome_trace)
@@ -101,7 +116,7 @@ class StepProfiler:
             _write(snapshot, torch.cuda.memory._dump_snapshot)
             torch.cuda.memory._record_memory_history(enabled=None)
             written.append(snapshot)
-        self.say(f"profile of steps {self.first}-{self.last}: {', '.join(map(str, written))}")
+        return written
 
 
 def _write(path: Path, export: Callable[[str], None]) -> None:
@@ -123,12 +138,14 @@ class _QuietStderr:
         os.dup2(self.file.fileno(), 2)
 
     def restore(self) -> None:
+        """fd 2 back, and what was written meanwhile onto it as it was (a progress bar's
+        redraws included), less the profiler's notices."""
         sys.stderr.flush()
         os.dup2(self.saved, 2)
         os.close(self.saved)
         self.file.seek(0)
-        text = self.file.read().decode(errors="replace")
+        kept = _NOISE.sub(b"", self.file.read())
         self.file.close()
-        kept = [line for line in text.splitlines(keepends=True) if not _NOISE.search(line)]
-        sys.stderr.write("".join(kept))
-        sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            while kept:
+                kept = kept[os.write(2, kept) :]

@@ -24,14 +24,17 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
 from yatrain.checkpoint.manifest import complete_checkpoints
 from yatrain.errors import ConfigError
 from yatrain.files import open_fd, write_whole
+from yatrain.runtime.hang import next_attempt, use_attempt
 from yatrain.runtime.launch import check_run_id
 from yatrain.runtime.process import Runtime, elastic_run_id
+from yatrain.runtime.run_paths import check_regular, check_run_paths
 
 LOCK_FILE = ".yatrain.lock"
 OWNER_FILE = ".yatrain-owner"  # in a checkpoint.dir outside its run: the run that owns it
@@ -115,6 +118,7 @@ class RunDirLock:
     def __init__(self, run_dir: Path, checkpoint_dir: Path | None = None) -> None:
         check_run_dir(run_dir)
         check_is_run_dir(run_dir)
+        check_run_paths(run_dir, [LOCK_FILE])  # before anything is written (run_paths.py)
         self.run_dir, self.fd, self.owned_fd = run_dir, _lock(run_dir, "run directory"), None
         self.owned = None  # a checkpoint.dir outside the run directory
         if checkpoint_dir is not None and outside(checkpoint_dir, run_dir):
@@ -167,13 +171,18 @@ def _lock(folder: Path, what: str) -> int:
     through a link), holding this process's PID and host; one line naming the holder when
     another run has it."""
     other = "--run-dir" if what == "run directory" else "checkpoint.dir"
+    check_regular(folder / LOCK_FILE)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = open_fd(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+        fd = open_fd(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
     except OSError as error:
         raise ConfigError(
             f"cannot use {folder} as the {what} ({error.strerror}): pass another {other}"
         ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the check: never blocks
+        os.close(fd)
+        check_regular(folder / LOCK_FILE)
+        raise ConfigError(f"{folder / LOCK_FILE} is not a regular file: move it away and rerun")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -217,6 +226,7 @@ def _claim_checkpoint_dir(folder: Path, run_dir: Path) -> int:
 def _check_owner(fd: int, folder: Path, run_dir: Path) -> int:
     """``fd`` when this run owns ``folder`` (recorded now if nobody did); else one line."""
     me, owner_file = str(run_dir.resolve()), folder / OWNER_FILE
+    check_regular(owner_file)
     try:
         owner = json.loads(owner_file.read_text())["run_dir"] if owner_file.exists() else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -245,7 +255,8 @@ def claim_run_dir(
 ) -> tuple[Path, RunDirLock | None]:
     """Rank 0 picks the run directory and locks it (and a checkpoint directory outside it);
     every rank gets the path, or the same one-line error (a file in the way, another run
-    holding it or the checkpoint directory, a directory that is not a run)."""
+    holding it or the checkpoint directory, a directory that is not a run, a link or a FIFO
+    where the run writes), and the number of this attempt (``hang.use_attempt``)."""
     answer: object = None
     lock = None
     if runtime.is_main:
@@ -254,7 +265,7 @@ def claim_run_dir(
             check_run_dir(path)
             lock = RunDirLock(path, Path(ckpt_dirname))
             check_fresh_start_allowed(path, resume)
-            answer = str(path)
+            answer = (str(path), next_attempt(path))
         except ConfigError as error:
             if lock is not None:
                 lock.release(started=False)
@@ -263,4 +274,6 @@ def claim_run_dir(
     answer = runtime.broadcast_object(answer)
     if isinstance(answer, ConfigError):
         raise answer
-    return Path(answer), lock
+    path, attempt = answer
+    use_attempt(Path(path), attempt)  # this attempt's hang evidence: hang/attempt-N/
+    return Path(path), lock
