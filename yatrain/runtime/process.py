@@ -3,6 +3,11 @@
 One process needs no process group at all. Under ``torchrun`` the environment names the
 rank and world size; NCCL is used on GPUs and gloo on CPUs. The group is always destroyed
 on the way out, also after an error, so no rank hangs at exit.
+
+Those variables are checked before torch reads them (``launch_environment``): a number that
+is not one, or ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` left in the shell of a command that no
+launcher started (no torchrun, no ``MASTER_ADDR``/``MASTER_PORT``), is one line saying
+what to unset, not torch's rendezvous traceback (or a wait for ranks that never come).
 """
 
 from __future__ import annotations
@@ -13,6 +18,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from yatrain.errors import ConfigError
+
+LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_MAX_DIGITS = 9  # a world of fewer than a billion ranks
+FIX = "fix the launcher's command, or unset them if no launcher started yatrain"
 
 
 @dataclass
@@ -44,7 +55,7 @@ class Runtime:
     @property
     def local_world_size(self) -> int:
         """Ranks on this node (torchrun's LOCAL_WORLD_SIZE); all of them without torchrun."""
-        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        return launch_environment().get("LOCAL_WORLD_SIZE", self.world_size)
 
     @property
     def distributed(self) -> bool:
@@ -65,8 +76,48 @@ class Runtime:
 
 def launched_world_size() -> int:
     """The world size torchrun launched this process into (1 outside torchrun), read
-    before any process group exists."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    before any process group exists; one line when the variables are stale or malformed
+    (``launch_environment``)."""
+    return launch_environment().get("WORLD_SIZE", 1)
+
+
+def launched() -> bool:
+    """Did a launcher start this process: torchrun (or ``--nproc-per-node``), or one that
+    names the rendezvous itself (``MASTER_ADDR`` and ``MASTER_PORT``, as with srun)?"""
+    named = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    return "TORCHELASTIC_RUN_ID" in os.environ or named
+
+
+def launch_environment() -> dict[str, int]:
+    """The launcher's variables that are set (``LAUNCH_VARIABLES``), as numbers; one line
+    when one is not a whole number, when the world is empty or the rank outside it, or when
+    they place this process in a world of several ranks that no launcher started."""
+    found = {}
+    for name in LAUNCH_VARIABLES:
+        text = os.environ.get(name)
+        if text is None:
+            continue
+        if not (text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS):
+            shown = repr(text if len(text) <= 20 else text[:20] + "...")
+            raise ConfigError(
+                f"{name}={shown} in the environment is not a whole number: unset {name} if no "
+                "launcher started yatrain, or fix the launcher's command"
+            )
+        found[name] = int(text)
+    shown = ", ".join(f"{name}={value}" for name, value in found.items())
+    if found.get("WORLD_SIZE", 1) < 1:
+        raise ConfigError(f"WORLD_SIZE=0 in the environment: a world has at least 1 rank; {FIX}")
+    world, rank = found.get("WORLD_SIZE", 1), found.get("RANK", 0)
+    if (world > 1 or rank > 0 or found.get("LOCAL_RANK", 0) > 0) and not launched():
+        raise ConfigError(
+            f"{shown} is set in the environment, but no launcher started this process (no "
+            f"torchrun, no MASTER_ADDR/MASTER_PORT): unset {' '.join(found)} (left over from "
+            "another job), or start the ranks with `yatrain pretrain --nproc-per-node N` or "
+            "torchrun"
+        )
+    if rank >= world:
+        raise ConfigError(f"RANK={rank} is not below WORLD_SIZE={world} in the environment; {FIX}")
+    return found
 
 
 def elastic_run_id() -> str | None:
@@ -83,10 +134,11 @@ def init_runtime(timeout_s: float = 600.0, *, single_rank_group: bool = False) -
     write over one)."""
     if dist.is_available() and dist.is_initialized():
         world_size, rank = dist.get_world_size(), dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     else:
-        world_size = launched_world_size()
-        rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        named = launch_environment()
+        world_size, rank = named.get("WORLD_SIZE", 1), named.get("RANK", 0)
+        local_rank = named.get("LOCAL_RANK", 0)
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
