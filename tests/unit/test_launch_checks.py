@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from typer.models import OptionInfo
 
+from yatrain.cli import launch_options
 from yatrain.errors import ConfigError
 from yatrain.runtime.blame import first_failed, summary
 from yatrain.runtime.launch import Launch, check_ranks, worker_args
@@ -182,3 +184,16 @@ def test_nnodes_out_of_range_gets_its_own_complaint(nnodes, complaint):
         Launch(2, nnodes=nnodes).check(gpus=0, cores=2)
     assert complaint in str(refused.value) and len(str(refused.value)) < 200
     assert Launch(2, nnodes="1:999999").nodes == (1, 999_999)
+
+
+def test_each_launcher_flags_help_is_a_sentence_naming_its_value():
+    """``--help`` showed ``<int>`` beside "Start N ranks" and "up to K times": sentences
+    about a value the table never named."""
+    found = [getattr(launch_options, name) for name in dir(launch_options)]
+    options = [option for option in found if isinstance(option, OptionInfo)]
+    assert len(options) == 7
+    for option in options:
+        assert option.help[0].isupper() and option.help.endswith("."), option.help
+        if option.default is not False:  # a switch has no value
+            words = option.metavar.replace("|", ":").split(":")
+            assert all(word in option.help for word in words), (option.metavar, option.help)

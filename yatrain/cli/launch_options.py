@@ -11,25 +11,45 @@ import typer
 if TYPE_CHECKING:
     from yatrain.runtime.launch import Launch
 
-# The launcher's options (torchrun's, and two of its own): see runtime/launch.py.
+# The launcher's options (torchrun's, and two of its own): see runtime/launch.py. Each help
+# is whole sentences naming its value (the metavar), as the table shows it.
 NPROC_PER_NODE = typer.Option(
-    None, "--nproc-per-node", help="Start N ranks on this node (one per GPU), as torchrun."
+    None,
+    "--nproc-per-node",
+    metavar="N",
+    help="Start N ranks on this node, one per GPU, as torchrun does.",
 )
-NNODES = typer.Option("1", "--nnodes", help="Nodes of the job: N or MIN:MAX.")
+NNODES = typer.Option(
+    "1", "--nnodes", metavar="N|MIN:MAX", help="The job's nodes: N, or from MIN to MAX."
+)
 RDZV_ENDPOINT = typer.Option(
-    None, "--rdzv-endpoint", help="Several nodes: HOST:PORT where they meet."
+    None,
+    "--rdzv-endpoint",
+    metavar="HOST:PORT",
+    help="With several nodes: where they meet, the HOST:PORT of a node all of them reach.",
 )
 RDZV_ID = typer.Option(
-    None, "--rdzv-id", help="Several nodes: the job's id, the same on every node."
+    None,
+    "--rdzv-id",
+    metavar="ID",
+    help="With several nodes: the job's ID, the same on every node and restart.",
 )
 MAX_RESTARTS = typer.Option(
-    0, "--max-restarts", help="Restart the ranks up to K times after a failure."
+    0,
+    "--max-restarts",
+    metavar="K",
+    help="After a failure, restart the ranks up to K times.",
 )
 RDZV_TIMEOUT = typer.Option(
-    600, "--rdzv-timeout", help="Several nodes: seconds they wait for each other (at most)."
+    600,
+    "--rdzv-timeout",
+    metavar="SECONDS",
+    help="With several nodes: the SECONDS they wait for each other, at most.",
 )
 OVERSUBSCRIBE = typer.Option(
-    False, "--oversubscribe", help="On CPU, start more ranks than max(8, 2 x cores)."
+    False,
+    "--oversubscribe",
+    help="On CPU, allow more ranks than max(8, 2 x cores).",
 )
 
 

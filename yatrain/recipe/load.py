@@ -8,6 +8,7 @@ form no cycle, not even a type-only one (pyproject: ``exclude_type_checking_impo
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,11 +23,7 @@ from yatrain.recipe.schema import build_dataclass
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"recipe file '{path}' not found; pass the path of a YAML recipe "
-            "such as recipes/tiny.yaml"
-        )
+    check_recipe_path(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except UnicodeDecodeError as e:
@@ -56,6 +53,29 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
         raise ConfigError(f"{path}: {e}") from None
     except RecursionError:
         raise ConfigError(f"{path}: a value is nested too deeply; fix it") from None
+
+
+def check_recipe_path(path: Path) -> None:
+    """A recipe is a file that exists: a directory (``recipes/``) is named as one, with a
+    recipe in it to pass, and a FIFO or device is refused before it is read (it would block)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(
+            f"recipe file '{path}' not found; pass the path of a YAML recipe "
+            "such as recipes/tiny.yaml"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the recipe {path} ({e.strerror}); pass another") from None
+    if stat.S_ISDIR(mode):
+        inside = sorted(p.name for p in path.glob("*.yaml"))
+        example = path / inside[0] if inside else Path("recipes/tiny.yaml")
+        raise ConfigError(
+            f"recipe {path} is a directory, not a recipe file; pass one YAML recipe, such as "
+            f"{example}"
+        )
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"recipe {path} is not a regular file; pass the path of a YAML recipe")
 
 
 def _apply_override(d: dict, item: str) -> None:
