@@ -5,11 +5,15 @@ process group is made: not torch's rendezvous traceback, an ``int()`` traceback,
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch.distributed as dist
 
+from yatrain.cli import main as cli_main
 from yatrain.errors import ConfigError
 from yatrain.inference.generate_text import generate_text
+from yatrain.runtime.launch import Launch, launch
 from yatrain.runtime.process import init_runtime, launched_world_size
 
 LAUNCHED_BY = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
@@ -72,3 +76,30 @@ def test_generate_does_not_blame_a_torchrun_that_was_not_used(no_launcher, tmp_p
         generate_text(str(tmp_path / "step-1"), "def ")
     assert "unset WORLD_SIZE" in str(refused.value)
     assert "without torchrun" not in str(refused.value)
+
+
+@pytest.mark.parametrize("torchrun", [False, True], ids=["stale LOCAL_RANK", "under torchrun"])
+def test_only_a_real_launch_stops_the_launcher_starting_ranks(no_launcher, monkeypatch, torchrun):
+    """``--nproc-per-node`` refuses to start ranks from inside torchrun, but a ``LOCAL_RANK``
+    an earlier job left in the shell is no launch: it goes on to its own checks (here a
+    refused ``--max-restarts``)."""
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    if torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    with pytest.raises(ConfigError) as error:
+        launch(Launch(nproc_per_node=2, max_restarts=-1), ["pretrain", "recipes/tiny.yaml"])
+    wanted = "starts the ranks itself" if torchrun else "--max-restarts -1"
+    assert wanted in str(error.value)
+
+
+def test_an_error_names_a_rank_only_under_a_launcher(no_launcher, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for launched_here in (False, True):
+        if launched_here:
+            monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+        monkeypatch.setattr(sys, "argv", ["yatrain", "pretrain", "no-such-recipe.yaml"])
+        with pytest.raises(SystemExit):
+            cli_main()
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith("yatrain: error (rank 2):" if launched_here else "yatrain: error:")

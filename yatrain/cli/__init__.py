@@ -34,7 +34,7 @@ from yatrain.cli import data, train  # noqa: E402  (registered in the order --he
 from yatrain.cli import checkpoints  # noqa: E402
 from yatrain.cli.app import app  # noqa: E402
 from yatrain.errors import Interrupted, LostPeer, YatrainError  # noqa: E402
-from yatrain.runtime.launcher_link import die_with_launcher, tell_launcher  # noqa: E402
+from yatrain.runtime.launcher_link import die_with_launcher, launched, tell_launcher  # noqa: E402
 
 __all__ = ["app", "checkpoints", "data", "main", "train"]
 
@@ -67,7 +67,8 @@ def main() -> None:
         if debug or (isinstance(error, OSError) and not _about_a_path(error)):
             raise
         rank = os.environ.get("RANK")
-        where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE") else ""
+        named = rank is not None and os.environ.get("WORLD_SIZE") and launched()
+        where = f" (rank {rank})" if named else ""  # stale variables name no rank
         print(f"yatrain: error{where}: {_one_line(error)}", file=sys.stderr)
         tell_launcher(_one_line(error), 2, follows_another=isinstance(error, LostPeer))
         sys.exit(2)

@@ -45,7 +45,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from yatrain.errors import ConfigError, Interrupted, TrainingError
 from yatrain.runtime.blame import StoppedRanks, clean_stop, summary
-from yatrain.runtime.launcher_link import LAUNCHER_PID
+from yatrain.runtime.launcher_link import LAUNCHER_PID, launched
 from yatrain.runtime.rendezvous import Endpoint, failure_line, parse_endpoint, reach, waiting_line
 
 LAUNCH_FLAGS = (
@@ -200,7 +200,7 @@ def worker_args(argv: Sequence[str]) -> list[str]:
 def launch(job: Launch, argv: Sequence[str]) -> int:
     """Run ``yatrain`` with ``argv`` (launch flags removed) on every rank of ``job``; the
     exit code (0 when every rank succeeded). Failures are summarised on stderr."""
-    if os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("LOCAL_RANK"):
+    if os.environ.get("TORCHELASTIC_RUN_ID") or (os.environ.get("LOCAL_RANK") and launched()):
         raise ConfigError(
             "--nproc-per-node starts the ranks itself: run `yatrain pretrain --nproc-per-node N` "
             "directly, or torchrun without --nproc-per-node on the yatrain command"

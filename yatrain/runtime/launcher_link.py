@@ -91,3 +91,11 @@ def tell_launcher(message: str, code: int, follows_another: bool = False) -> Non
         }
         with contextlib.suppress(OSError):
             Path(path).write_text(json.dumps(report))
+
+
+def launched() -> bool:
+    """Did a launcher start this process: torchrun (or ``--nproc-per-node``), or one that
+    names the rendezvous itself (``MASTER_ADDR`` and ``MASTER_PORT``, as with srun)? Read
+    from the environment only (the command line asks before torch is imported)."""
+    named = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    return "TORCHELASTIC_RUN_ID" in os.environ or named

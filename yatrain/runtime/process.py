@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from yatrain.errors import ConfigError
+from yatrain.runtime.launcher_link import launched
 
 LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 _MAX_DIGITS = 9  # a world of fewer than a billion ranks
@@ -79,13 +80,6 @@ def launched_world_size() -> int:
     before any process group exists; one line when the variables are stale or malformed
     (``launch_environment``)."""
     return launch_environment().get("WORLD_SIZE", 1)
-
-
-def launched() -> bool:
-    """Did a launcher start this process: torchrun (or ``--nproc-per-node``), or one that
-    names the rendezvous itself (``MASTER_ADDR`` and ``MASTER_PORT``, as with srun)?"""
-    named = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
-    return "TORCHELASTIC_RUN_ID" in os.environ or named
 
 
 def launch_environment() -> dict[str, int]:

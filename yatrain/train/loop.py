@@ -97,7 +97,7 @@ def _report_lost_peer(run: Run | None, error: BaseException, where: str) -> Path
         reporter.report(f"lost contact with a peer {where}")
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return run.run_dir / "hang" / "report.txt"
+    return reporter.report_path  # this attempt's own report (hang/attempt-N/)
 
 
 def train(run: Run) -> dict:
