@@ -5,9 +5,9 @@ on the device, and read by the host only when it asks (``settle``)."""
 import pytest
 import torch
 
+from yatrain.optim import step_unless
 from yatrain.testing.host_syncs import HostSyncCounter
 from yatrain.train.guard import StepGuard
-from yatrain.optim import step_unless
 
 INF, NAN = float("inf"), float("nan")
 
