@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from yatrain.data import TokenShards, prepare_data
+from yatrain.data.shards import load_manifest
 from yatrain.output.record import read_metrics
 from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain
@@ -45,9 +46,8 @@ def step_times(recipe_path: str, overrides: list[str], run_dir: Path) -> list[fl
 
 
 def documents_per_window(data: Path, seq_len: int) -> float:
-    shards = TokenShards.open(data)
-    windows = shards.windows(seq_len)
-    return 1 + shards.manifest["num_documents"] / max(windows, 1)
+    windows = TokenShards.open(data).windows(seq_len)
+    return 1 + load_manifest(data)["num_documents"] / max(windows, 1)
 
 
 def main(argv: list[str] | None = None) -> None:

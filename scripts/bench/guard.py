@@ -42,8 +42,8 @@ from yatrain.train import loop
 
 recipe_path, steps, log_every, device, run_dir = sys.argv[1:6]
 steps, log_every = int(steps), int(log_every)
-overrides = [f"train.log_every={log_every}", "checkpoint.enabled=false", "eval.every=0",
-             "eval.at_end=false", "logging.wandb.mode=disabled", *sys.argv[6:]]
+overrides = [*sys.argv[6:], f"train.log_every={log_every}", "checkpoint.enabled=false",
+             "eval.every=0", "eval.at_end=false", "logging.wandb.mode=disabled"]  # ours last
 
 def measured(rank, world):
     counter, started, clock = HostSyncCounter(), {}, {}
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="yatrain-bench-guard-") as scratch:
         print(f"{args.recipe} {' '.join(args.overrides)}, {args.steps} steps, log every "
               f"{args.log_every}, {where}, load {load_average()}")  # fmt: skip
-        args.overrides = [f"data.path={corpus(Path(scratch))}", *args.overrides]
+        if not any(o.startswith("data.path=") for o in args.overrides):
+            args.overrides = [f"data.path={corpus(Path(scratch))}", *args.overrides]
         print("| yatrain | host waits per step between logs | at a log step | step time |")
         print("|---|--:|--:|--:|")
         trees = [("this tree", REPO)]

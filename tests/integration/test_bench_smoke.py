@@ -140,11 +140,14 @@ def check_checkpoint(out: str) -> None:
 
 
 def run_guard(tmp_path: Path, data: Path) -> None:
-    guard.main([str(TINY), *SETS, "--steps", "3"])
+    sets = [*SETS, f"--set=data.path={data}"]
+    guard.main(["--recipe", str(TINY), *sets, "--steps", "4", "--log-every", "2", "--repeats", "1"])
 
 
 def check_guard(out: str) -> None:
-    assert re.search(r"weight check [0-9.]+ ms = [0-9.]+% of a step", out)
+    (row,) = table_rows(out, "this tree")
+    assert float(row[1]) == 0.0 and float(row[2]) > 0  # no host wait between logs
+    assert re.search(r"\| [0-9.]+ ms \|", out)
 
 
 def run_tokenization(tmp_path: Path, data: Path) -> None:
