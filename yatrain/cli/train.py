@@ -19,6 +19,7 @@ from yatrain.cli.launch_options import (
     RDZV_TIMEOUT,
     check_launch,
 )
+from yatrain.cli.plan_dry_run import DRY_RANK, DRY_RUN, DRY_STEPS, print_dry_run
 from yatrain.cli.sweep_options import (
     MAX_GIB,
     MAX_GPUS,
@@ -168,6 +169,9 @@ def plan(
         help="Hybrid sharding: shard within groups of N GPUs (GPUs per node), replicate across.",
     ),
     context_parallel: int | None = PLAN_CP,
+    dry_run: bool = DRY_RUN,
+    rank: int = DRY_RANK,
+    steps: int = DRY_STEPS,
 ) -> None:
     """Per-GPU memory of a recipe, the fewest checkpointed layers that fit, and the bytes
     each GPU sends per step (full against hybrid sharding). A sequence that fits no GPU
@@ -183,6 +187,8 @@ def plan(
     check_planned_layout(loaded, gpus, "--shard-group-size N")
     limit, source = memory_limit(loaded, local_device(), gpu_memory, ASSUMED_GPU_GIB)
     allowance = None if runtime_allowance is None else int(runtime_allowance * GIB)
+    if dry_run:  # the real engine and loop on a fake world: docs/planner.md#dry-run
+        return print_dry_run(recipe, loaded, gpus, limit, allowance, rank, steps, as_json)
     result = plan_memory(loaded, gpus, limit, allowance)
     if as_json:
         payload = {"recipe": str(recipe), "gpu_memory_source": source, **result.to_json()}

@@ -8,12 +8,17 @@ from yatrain.output.record import MetricsRecord, largest_peak_memory, steady_mea
 
 def log_line(r: MetricsRecord) -> str:
     return (
-        f"step {r.step:>6} | loss {r.loss:.4f}{val_text(r)} | lr {r.lr:.2e} | "
-        f"gnorm {r.grad_norm:.3f} | "
+        f"step {r.step:>6} | loss {known(r.loss, '.4f')}{val_text(r)} | lr {r.lr:.2e} | "
+        f"gnorm {known(r.grad_norm, '.3f')} | "
         f"{r.step_time_s:.3f}s/step | {r.tokens_per_s_per_device:,.0f} tok/s/dev | "
         f"{r.tflops_per_device:.2f} TFLOP/s | MFU {r.mfu:.1%} | "
         f"mem {format_bytes(r.peak_memory_bytes, 'GiB')}{comm_text(r)}{breakdown_text(r)}"
     )
+
+
+def known(value: float | None, spec: str) -> str:
+    """``value`` formatted, or ``n/a`` where it is unknown (a dry run's fake tensors)."""
+    return "n/a" if value is None else format(value, spec)
 
 
 # The step-time parts of a record (train.timing), with their short names on the console.

@@ -15,7 +15,7 @@ from typing import Protocol, TextIO
 
 from tqdm import tqdm
 
-from yatrain.output.console import format_summary, log_line
+from yatrain.output.console import format_summary, known, log_line
 from yatrain.output.record import MetricsFile, MetricsRecord
 from yatrain.output.run_files import truncate_metrics, write_config
 from yatrain.output.tensorboard_logger import TensorBoardLogger
@@ -70,7 +70,7 @@ class Console:
 
     def log(self, record: MetricsRecord) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record.loss:.4f}", mfu=f"{record.mfu:.1%}")
+            self.bar.set_postfix(loss=known(record.loss, ".4f"), mfu=f"{record.mfu:.1%}")
         self.say(log_line(record))
 
     def summary(self, summary: dict) -> None:

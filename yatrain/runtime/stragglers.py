@@ -25,9 +25,9 @@ STRAGGLER_LOGS = 3  # consecutive logged windows a rank must lag before the cons
 
 def reduce_loss_and_busy(
     loss: torch.Tensor, busy_s: float, runtime: Runtime
-) -> tuple[float, list[float]]:
+) -> tuple[float | None, list[float]]:
     """(the loss averaged over ranks, every rank's busy time): one all-reduce, the one the
-    loss needed anyway."""
+    loss needed anyway. (None, []) where the values are unknown (a dry run)."""
     if not runtime.distributed:
         return device_values(loss)[0], [busy_s]
     values = torch.zeros(1 + runtime.world_size, device=loss.device, dtype=torch.float64)
@@ -35,11 +35,16 @@ def reduce_loss_and_busy(
     values[1 + runtime.rank] = busy_s
     dist.all_reduce(values)
     numbers = host_read(values.tolist)
+    if numbers is None:  # unknown: a dry run's fake values, and its peers' times
+        return None, []
     return numbers[0] / runtime.world_size, numbers[1:]
 
 
 def straggler_fields(busy: list[float]) -> dict:
-    """The record's fields: the slowest rank, its busy time and the median."""
+    """The record's fields: the slowest rank, its busy time and the median (None where the
+    times are unknown: a dry run)."""
+    if not busy:
+        return {"slowest_rank": None, "slowest_busy_s": None, "median_busy_s": None}
     slowest = max(range(len(busy)), key=busy.__getitem__)
     return {
         "slowest_rank": slowest,
@@ -55,9 +60,13 @@ class StragglerWatch:
         self.rank: int | None = None
         self.count = 0
 
-    def note(self, slowest_rank: int, slowest_busy_s: float, median_busy_s: float) -> str | None:
+    def note(
+        self, slowest_rank: int | None, slowest_busy_s: float | None, median_busy_s: float | None
+    ) -> str | None:
         """The console line once a rank has lagged ``STRAGGLER_LOGS`` logs in a row (and at
-        every log while it goes on), else None."""
+        every log while it goes on), else None (also where the times are unknown)."""
+        if slowest_rank is None or slowest_busy_s is None or median_busy_s is None:
+            return None
         ratio = slowest_busy_s / median_busy_s if median_busy_s > 0 else 0.0
         if ratio < STRAGGLER_RATIO:
             self.rank, self.count = None, 0

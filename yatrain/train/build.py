@@ -83,13 +83,14 @@ def shard_model(
     init: InitHooks | None = None,
     verify: bool = True,
     say: Say | None = None,
+    cuda_path: bool = False,
 ) -> ShardedEngine:
     """The engine over a meta ``model``: each rank materialises its shards from ``init``
     (default: ``recipe_init``), over the whole world or within the ``layout``'s shard
     groups (HSDP; default: the recipe laid over this runtime), the recipe's projections
     gathered in float8; ``auto`` staging a share of ``staging_of`` bytes (default: this
     device's, ``staging_memory``); ``say`` gets what the loading reports (the bytes this
-    rank read)."""
+    rank read); ``cuda_path``: the engine's CUDA path on a CPU (a dry run, groups.py)."""
     float8 = apply_float8(model, recipe.train.float8)
     if init is None:
         init = recipe_init(model, recipe, runtime, verify)
@@ -110,6 +111,7 @@ def shard_model(
         staging_bytes=staging_budget(recipe.sharding.reduce_staging_mib, staging_of),
         mesh=hybrid_mesh(runtime.device.type, group) if hybrid else None,
         float8=float8,
+        cuda_path=cuda_path,
     )
     if say is not None and init.report is not None:
         say(init.report())
@@ -126,6 +128,7 @@ def build_model_and_engine(
     init: InitHooks | None = None,
     verify: bool = True,
     say: Say | None = None,
+    cuda_path: bool = False,
 ) -> tuple[Llama, ShardedEngine]:
     """The recipe's model (``meta_model``; ``layers``: already resolved) sharded by the engine
     (``shard_model``: ``layout``, ``staging_of``, ``init``), each decoder layer's forward
@@ -141,6 +144,7 @@ def build_model_and_engine(
         init=init,
         verify=verify,
         say=say,
+        cuda_path=cuda_path,
     )
     if recipe.train.compile:
         from yatrain.runtime.compile import compile_layers  # dynamo: only for a compiled run

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from yatrain.runtime.host_reads import device_values, on_host
+from yatrain.runtime.host_reads import device_values, host_read, on_host
 
 _CTRL_C = "SIGINT (Ctrl-C)"
 ANOTHER_RANK = "a signal on another rank"  # what a rank that got no signal itself says
@@ -120,7 +120,7 @@ class StepGuard:
         flags = on_host(torch.tensor(local, dtype=torch.float32))
         if _distributed():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._host_group)
-        stop, deleted = flags.tolist()
+        stop, deleted = host_read(flags.tolist) or (0.0, 0.0)  # fake flags: a dry run
         if stop and self.signal_name is None:
             self.signal_name = ANOTHER_RANK
         self.run_dir_deleted = bool(deleted)
@@ -152,9 +152,9 @@ class StepGuard:
         first_bad = torch.where(self._first_bad == 0, _NONE, self._first_bad)
         if _distributed():
             dist.all_reduce(first_bad, op=dist.ReduceOp.MIN)
-        bad, skipped, first_skipped = (
-            int(v) for v in device_values(first_bad, self._skipped, self._first_skipped)
-        )
+        known = device_values(first_bad, self._skipped, self._first_skipped)
+        known = known if known[0] is not None else [_NONE, 0, 0]  # unknown: a dry run
+        bad, skipped, first_skipped = (int(v) for v in known)
         self._skipped.zero_()
         self._first_skipped.zero_()
         return Settled(bad if bad != _NONE else None, skipped, first_skipped or None)
