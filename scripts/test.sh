@@ -26,10 +26,10 @@ VENV=${YATRAIN_VENV:-.venv}
 "$VENV/bin/ruff" check yatrain tests scripts
 "$VENV/bin/ruff" format --check yatrain tests scripts
 "$VENV/bin/lint-imports"  # the package layering in pyproject.toml
-# The packages typed so far: the sharding engine, context parallelism, checkpoint storage and
-# the recipe, where a wrong shape or a None slipping through corrupts state silently (the
-# rest follows, a package at a time).
-"$VENV/bin/mypy" yatrain/sharding yatrain/context_parallel yatrain/checkpoint yatrain/recipe
+# The packages typed so far: the sharding engine, context parallelism, checkpoint storage,
+# the recipe and the optimizers over the shards, where a wrong shape or a None slipping
+# through corrupts state silently (the rest follows, a package at a time).
+"$VENV/bin/mypy" yatrain/sharding yatrain/context_parallel yatrain/checkpoint yatrain/recipe yatrain/optim
 if $QUICK; then
   exec "$VENV/bin/python" -m pytest tests/unit "$@"
 fi

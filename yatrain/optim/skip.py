@@ -40,8 +40,9 @@ def _masked_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     for p, (weights, state) in before.items():
         p.detach().copy_(torch.where(keep, weights, p.detach()))
         for key, value in optimizer.state[p].items():
-            if torch.is_tensor(value):
-                old = state.get(key, torch.zeros_like(value))
+            if isinstance(value, torch.Tensor):
+                old = state.get(key)
+                old = old if isinstance(old, torch.Tensor) else torch.zeros_like(value)
                 value.copy_(torch.where(keep, old, value))
 
 
