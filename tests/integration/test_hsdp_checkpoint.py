@@ -48,7 +48,7 @@ def test_layouts_resume_each_others_checkpoints(small_data, uninterrupted, tmp_p
 def test_shard_group_that_does_not_divide_the_world_is_one_line(small_data, tmp_path):
     with pytest.raises(ConfigError, match="shard_group_size' 3 does not divide") as error:
         train(small_data, tmp_path / "run", 2, "sharding.shard_group_size=3")
-    assert "\n" not in str(error.value) and "one of 1" in str(error.value)
+    assert "\n" not in str(error.value) and "set it to 1" in str(error.value)
 
 
 @pytest.mark.parametrize(
