@@ -34,6 +34,7 @@ from yatrain.models.llama import build_model, materialize
 from yatrain.optim import ShardedMuon, step_unless, zeropower
 from yatrain.optim.exchange import MatrixExchange, assign_owners, ns_cost
 from yatrain.plan.memory import plan_for_layers
+from yatrain.plan.report import format_plan
 from yatrain.recipe.config import OptimConfig
 from yatrain.recipe.load import load_recipe
 from yatrain.sharding.groups import hybrid_mesh
@@ -275,6 +276,9 @@ def test_the_planner_counts_one_momentum_for_muons_matrices():
     model = build_model(rec.model)
     layers = sum(p.numel() for layer in model.layers for p in layer.parameters() if p.ndim == 2)
     assert adamw_state - muon_state == 4 * layers // 2  # a rank's half of the matrices
+    tiny = ROOT / "recipes/tiny.yaml"
+    said = format_plan(plan_for_layers(muon, 2, 0), muon, tiny, "test")
+    assert "optimizer state (Muon: 1, AdamW: 2 x fp32)" in said and "AdamW moments" not in said
 
 
 def _one_step_traffic(rank, world):

@@ -180,6 +180,8 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
     ]
     for key, value in plan.breakdown.items():
         label = acts if key == "activations" else LABELS.get(key, key)
+        if key == "optimizer_state" and recipe.optim.name == "muon":
+            label = "optimizer state (Muon: 1, AdamW: 2 x fp32)"
         lines.append(f"  {label:<44} {_gib(value):>8} GiB")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     full = format_bytes(plan.full_layer_bytes, "GiB", digits=3)
