@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from yatrain.runtime.host_reads import device_values, host_read, on_host
+from yatrain.sharding.comm import host_backend
 
 _CTRL_C = "SIGINT (Ctrl-C)"
 ANOTHER_RANK = "a signal on another rank"  # what a rank that got no signal itself says
@@ -52,16 +53,16 @@ def _distributed() -> bool:
 
 def host_group() -> dist.ProcessGroup | None:
     """The process group for host flags: the default one when it moves CPU tensors (gloo,
-    or a fake world's backend), else a gloo group of every rank (built collectively)."""
+    or a fake world's backend), else one of every rank on ``host_backend`` (the engine's
+    rule for its own CPU groups; built collectively)."""
     if not _distributed():
         return None
-    backend = str(dist.get_backend())
-    return dist.new_group(backend="gloo") if backend == "nccl" else None
+    backend = host_backend()
+    return None if backend == str(dist.get_backend()) else dist.new_group(backend=backend)
 
 
 class StepGuard:
     def __init__(self, device: torch.device, *, announces: bool = True) -> None:
-        self.device = device
         self.announces = announces  # one rank (rank 0) says why the run stops
         self.signal_name: str | None = None
         self.run_dir_deleted_here = False  # set by rank 0, which holds the run dir's lock
@@ -116,15 +117,9 @@ class StepGuard:
     def agree_on_stop(self) -> bool:
         """Whether a stop was requested on any rank (a signal, or the run directory deleted:
         ``run_dir_deleted``); host flags on the host group, read without the device."""
-        local = [self.signal_name is not None, self.run_dir_deleted_here]
-        flags = on_host(torch.tensor(local, dtype=torch.float32))
-        if _distributed():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._host_group)
-        stop, deleted = host_read(flags.tolist) or (0.0, 0.0)  # fake flags: a dry run
-        if stop and self.signal_name is None:
-            self.signal_name = ANOTHER_RANK
-        self.run_dir_deleted = bool(deleted)
-        return bool(stop or deleted)
+        stop, deleted = self._agreed([self.signal_name is not None, self.run_dir_deleted_here])
+        self.run_dir_deleted = deleted
+        return stop or deleted
 
     def nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         """The step's skip flag on the device: float32 exactly 1.0 where the loss or gradient
@@ -134,17 +129,18 @@ class StepGuard:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         hit = bad > 0
         self._skipped += hit
-        first = hit & (self._first_skipped == 0)
-        self._first_skipped = torch.where(first, self.step_number, self._first_skipped)
+        self._first_skipped = self._first(hit, self._first_skipped)
         return bad
 
     def note_weights(self, tensors: list[torch.Tensor]) -> None:
         """Record on the device whether this step's update made any of ``tensors`` (this
         rank's shards) non-finite; the first such step is kept for ``settle``."""
         extremes = torch.cat([torch.stack(torch.aminmax(t.detach())) for t in tensors if t.numel()])
-        bad = ~torch.isfinite(extremes).all()
-        first = bad & (self._first_bad == 0)
-        self._first_bad = torch.where(first, self.step_number, self._first_bad)
+        self._first_bad = self._first(~torch.isfinite(extremes).all(), self._first_bad)
+
+    def _first(self, hit: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """``kept``, or this step's number where ``hit`` and none was kept (0): on the device."""
+        return torch.where(hit & (kept == 0), self.step_number, kept)
 
     def settle(self) -> Settled:
         """Read what the device recorded since the last call (collective: every rank calls
@@ -162,13 +158,18 @@ class StepGuard:
     def stop_after_save(self) -> bool:
         """Whether a signal reached any rank during a save (collective, once per save):
         the run stops there, as the save announced, rather than after one more step."""
-        flag = on_host(torch.tensor([float(self.signal_name is not None)]))
+        return self._agreed([self.signal_name is not None])[0]
+
+    def _agreed(self, local: list[bool]) -> list[bool]:
+        """Host flags OR-ed over every rank on the host group, read without the device; the
+        first is "a signal arrived", which a rank that got none then names as another's."""
+        flags = on_host(torch.tensor(local, dtype=torch.float32))
         if _distributed():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group)
-        (stopped,) = flag.tolist()
-        if stopped and self.signal_name is None:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._host_group)
+        agreed = [bool(v) for v in host_read(flags.tolist) or local]  # fake flags: a dry run
+        if agreed[0] and self.signal_name is None:
             self.signal_name = ANOTHER_RANK
-        return bool(stopped)
+        return agreed
 
     def restore(self, failing: bool = False) -> None:
         """Put the previous handlers back. A rank of a distributed run that is ending on an
