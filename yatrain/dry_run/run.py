@@ -26,7 +26,9 @@ import torch.distributed as dist
 # for dry runs only (torchtitan imports the fake group the same way).
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from yatrain.common import DTYPES
 from yatrain.data import BatchLoader
 from yatrain.data.batch import MicroBatch
 from yatrain.errors import ConfigError
@@ -37,6 +39,7 @@ from yatrain.recipe.topology import job_layout
 from yatrain.runtime.process import Runtime
 from yatrain.runtime.watchdog import Watchdog
 from yatrain.sharding import InitHooks, ShardedEngine
+from yatrain.sharding.comm import KINDS
 from yatrain.train.build import build_model_and_engine
 from yatrain.train.checkpointer import Checkpointer
 from yatrain.train.evaluate import Evaluator
@@ -48,7 +51,6 @@ from yatrain.train.run import Opened, Run
 
 CPU = torch.device("cpu")
 NO_DIR = Path("(dry run: no run directory)")  # named in the loop's summary; never created
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
 
 @dataclass
@@ -253,9 +255,8 @@ class Batches(BatchLoader):
     def last_step_traffic(self, engine: ShardedEngine) -> dict[str, dict[str, int]]:
         now = engine.traffic()
         out = {}
-        for kind in KINDS:
-            count, nbytes = now.get(kind, (0, 0))
-            c0, b0 = self.before_last.get(kind, (0, 0))
+        for kind in KINDS:  # merge_traffic answers every kind
+            (count, nbytes), (c0, b0) = now[kind], self.before_last[kind]
             out[kind] = {"count": count - c0, "bytes": nbytes - b0}
         return out
 
@@ -263,7 +264,6 @@ class Batches(BatchLoader):
 def attention_kernel(recipe: Recipe) -> str:
     """The aten kernel ``scaled_dot_product_attention`` dispatches to on these fake CPU
     tensors at the recipe's shapes: whose saved tensors the dry run measured."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Seen(TorchDispatchMode):
         def __init__(self) -> None:
@@ -276,7 +276,7 @@ def attention_kernel(recipe: Recipe) -> str:
             return func(*args, **(kwargs or {}))
 
     m, d = recipe.model, recipe.data
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(recipe.train.dtype, torch.float32)
+    dtype = DTYPES[recipe.train.dtype]
     shape = (d.micro_batch_size, m.n_heads, d.seq_len, m.dim // m.n_heads)
     q = torch.zeros(shape, dtype=dtype, requires_grad=True)
     kv = torch.zeros((shape[0], m.n_kv_heads, *shape[2:]), dtype=dtype)
