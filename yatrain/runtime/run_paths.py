@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from yatrain.errors import ConfigError
@@ -54,15 +54,7 @@ def _linked(path: Path) -> ConfigError:
 
 def check_folder(path: Path) -> None:
     """``path`` is missing or a directory (not a link to one); else one line."""
-    found = _lstat(path)
-    if found is None or stat.S_ISDIR(found.st_mode):
-        return
-    if stat.S_ISLNK(found.st_mode):
-        raise _linked(path)
-    raise ConfigError(
-        f"{path} is a {kind_of(found.st_mode)}, not a directory: yatrain writes a folder of "
-        "its own there; move it away (or pass another --run-dir) and rerun"
-    )
+    _check_own(path, stat.S_ISDIR, "a directory", "yatrain writes a folder of its own there")
 
 
 def own_folder(path: Path) -> Path:
@@ -81,14 +73,21 @@ def own_folder(path: Path) -> Path:
 def check_regular(path: Path) -> None:
     """``path`` is missing or a regular file (not a link, a FIFO, a directory, a device);
     else one line. Opens nothing, so a FIFO never blocks it."""
+    why = "yatrain reads and rewrites its own file there"
+    _check_own(path, stat.S_ISREG, "a regular file", why)
+
+
+def _check_own(path: Path, is_kind: Callable[[int], bool], kind: str, why: str) -> None:
+    """``path`` is missing or of the ``kind`` its ``lstat`` mode passes ``is_kind`` for; a link
+    or anything else is one line."""
     found = _lstat(path)
-    if found is None or stat.S_ISREG(found.st_mode):
+    if found is None or is_kind(found.st_mode):
         return
     if stat.S_ISLNK(found.st_mode):
         raise _linked(path)
     raise ConfigError(
-        f"{path} is a {kind_of(found.st_mode)}, not a regular file: yatrain reads and rewrites "
-        "its own file there; move it away (or pass another --run-dir) and rerun"
+        f"{path} is a {kind_of(found.st_mode)}, not {kind}: {why}; move it away (or pass "
+        "another --run-dir) and rerun"
     )
 
 
