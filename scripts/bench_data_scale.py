@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.measure import yatrain_at
+
 REPO = Path(__file__).resolve().parents[1]
 TOKENS_PER_FILE = 50_000_000  # prepare-data's default --shard-tokens
 WORLD, RANK = 256, 255
@@ -69,16 +71,6 @@ def measure(data: Path, package_root: Path = REPO) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def checkout(revision: str, into: Path) -> Path:
-    """The ``yatrain`` package of git ``revision``, extracted under ``into``."""
-    into.mkdir()
-    archive = subprocess.run(
-        ["git", "archive", revision, "yatrain"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
-
 def main() -> None:
     from yatrain.data import default_corpus_files, prepare_data
     from yatrain.testing.sparse_corpus import write_sparse_corpus
@@ -95,7 +87,7 @@ def main() -> None:
         print(
             f"rank {RANK} of {WORLD}, {RECIPE.name} (seq 8192), {TOKENS_PER_FILE:,} tokens a file"
         )
-        baseline = checkout(args.baseline, root / "baseline") if args.baseline else None
+        baseline = yatrain_at(args.baseline, root / "baseline") if args.baseline else None
         extra = f" | {args.baseline} s | {args.baseline} MiB" if baseline else ""
         print(
             f"| tokens | files | windows | write s | start to first batch s | peak RSS MiB{extra} |"

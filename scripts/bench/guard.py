@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.measure import load_average
+from bench.measure import load_average, yatrain_at
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTER_FILES = ("yatrain/testing/host_syncs.py", "yatrain/runtime/host_reads.py")
@@ -95,11 +95,7 @@ def measure(root: Path, args: argparse.Namespace, run_dir: Path) -> dict:
 
 def baseline_tree(revision: str, into: Path) -> Path:
     """REV's package, with this tree's counter laid over it (it counts, it changes nothing)."""
-    archive = subprocess.run(
-        ["git", "archive", revision, "yatrain"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    into.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    yatrain_at(revision, into)
     for name in COUNTER_FILES:
         shutil.copyfile(REPO / name, into / name)
     return into

@@ -7,8 +7,11 @@ import contextlib
 import ctypes
 import os
 import statistics
+import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------- statistics
 
@@ -94,3 +97,17 @@ def verdict(value: float | None, limit: float, *, at_most: bool = True) -> str:
         return "n/a"
     ok = value <= limit if at_most else value >= limit
     return "PASS" if ok else "FAIL"
+
+
+# ---------------------------------------------------------------------------- baselines
+
+
+def yatrain_at(revision: str, into: Path) -> Path:
+    """The ``yatrain`` package of git ``revision``, extracted into the new folder ``into``
+    (put it first on a child process's path to measure that revision beside this tree)."""
+    archive = subprocess.run(
+        ["git", "archive", revision, "yatrain"], cwd=_REPO, check=True, capture_output=True
+    ).stdout
+    into.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into

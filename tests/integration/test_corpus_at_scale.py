@@ -6,12 +6,10 @@ checkpointer): one run of one step, then one resume that meets the damaged file.
 
 import resource
 import subprocess
-import sys
 
 import numpy as np
 import yaml
-from conftest import ROOT
-from test_failures import one_line_error, pretrain_args
+from test_failures import one_line_error, pretrain_args, yatrain
 
 from yatrain.data.loader import GlobalBatchLoader
 from yatrain.data.shards import TokenShards
@@ -27,15 +25,7 @@ def _limited() -> None:
 
 
 def _yatrain_limited(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "yatrain", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=_limited,
-    )
+    return yatrain(*args, env=env, timeout=300, preexec_fn=_limited)
 
 
 def test_a_hundred_thousand_token_files_train_under_a_small_open_file_limit(

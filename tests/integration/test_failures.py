@@ -27,7 +27,9 @@ from yatrain.runtime.failures import explain
 from yatrain.train.rundir import default_run_dir
 
 
-def yatrain(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+def yatrain(*args: str, env: dict, timeout: float = 240, **options) -> subprocess.CompletedProcess:
+    """``python -m yatrain ARGS`` from the repository root; ``options`` go to ``subprocess.run``
+    (``preexec_fn``: a resource limit)."""
     return subprocess.run(
         [sys.executable, "-m", "yatrain", *args],
         env=env,
@@ -35,6 +37,7 @@ def yatrain(*args: str, env: dict, timeout: float = 240) -> subprocess.Completed
         capture_output=True,
         text=True,
         timeout=timeout,
+        **options,
     )
 
 

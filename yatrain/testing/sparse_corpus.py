@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from yatrain.data.shards import FORMAT, MANIFEST, load_manifest, token_dtype
 
 _PLACEHOLDER_SHA256 = "0" * 64  # never checked: data over 512 MB is not hashed on open
@@ -24,7 +26,7 @@ def write_sparse_corpus(
     path.mkdir(parents=True)
     for name in source.get("tokenizer_files", ["tokenizer.model"]):
         shutil.copyfile(tokenizer_from / name, path / name)
-    itemsize = 2 if token_dtype(source["vocab_size"]) == "uint16" else 4
+    itemsize = np.dtype(token_dtype(source["vocab_size"])).itemsize
     files = []
     for index in range(num_files):
         name = f"tokens-{index:05d}.bin"
