@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from yatrain.data import TokenShards, prepare_data
-from yatrain.data.shards import load_manifest
+from yatrain.data.manifest import load_manifest
 from yatrain.output.record import read_metrics
 from yatrain.recipe.load import load_recipe
 from yatrain.train.loop import pretrain

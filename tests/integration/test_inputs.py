@@ -27,8 +27,8 @@ from yatrain.data import (
     train_tokenizer,
 )
 from yatrain.data import parallel as par
+from yatrain.data.manifest import load_manifest
 from yatrain.data.parallel import default_workers
-from yatrain.data.shards import load_manifest
 from yatrain.errors import DataError
 
 TEXTS = sample_texts(12, seed=7)

@@ -20,7 +20,7 @@ from yatrain.data import (
     train_tokenizer,
 )
 from yatrain.data.batch import MicroBatch
-from yatrain.data.shards import load_manifest, token_dtype
+from yatrain.data.manifest import load_manifest, token_dtype
 from yatrain.errors import DataError
 
 SENTENCE = (

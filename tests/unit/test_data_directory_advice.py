@@ -11,9 +11,9 @@ import pytest
 from tokenizer_fixtures import sample_texts
 
 from yatrain.data import TokenShards, train_tokenizer
+from yatrain.data.manifest import load_manifest
 from yatrain.data.merge import merge_parts
 from yatrain.data.parts import prepare_part
-from yatrain.data.shards import load_manifest
 from yatrain.errors import DataError
 
 OPTIONS = dict(progress=False, workers=1, shard_tokens=700, val_fraction=0.0)

@@ -22,8 +22,10 @@ import torch
 from yatrain.common import IGNORE_INDEX
 from yatrain.data.batch import MicroBatch
 from yatrain.data.documents import document_layout
+from yatrain.data.file_index import open_manifest
+from yatrain.data.manifest import has_validation
 from yatrain.data.megatron import MegatronTokens, megatron_prefix, misspelt_prefix
-from yatrain.data.shards import TokenShards, has_validation, load_manifest
+from yatrain.data.shards import TokenShards
 from yatrain.errors import ConfigError, DataError
 from yatrain.recipe.config import DataConfig
 
@@ -55,13 +57,13 @@ def open_held_out(
         return HeldOut(name, weight, MegatronTokens.open(path, tokenizer, "data.val_path"))
     if (misspelt := misspelt_prefix(path)) is not None:
         raise misspelt
-    split = "validation" if has_validation(load_manifest(path)) else "train"
+    split = "validation" if has_validation(open_manifest(path)[0]) else "train"
     return HeldOut(name, weight, TokenShards.open(path, split=split))
 
 
 def _has_split(path: Path) -> bool:
     """Does ``path`` hold a held-out split (never a Megatron prefix: that format has none)?"""
-    return megatron_prefix(path) is None and has_validation(load_manifest(path))
+    return megatron_prefix(path) is None and has_validation(open_manifest(path)[0])
 
 
 def held_out_data(data: DataConfig, override: Path | None = None) -> list[HeldOut]:
@@ -96,7 +98,7 @@ def _split_of(path: Path, key: str) -> HeldOut:
             "data.val_path at a second prefix of held-out documents, or turn evaluation off "
             "(eval.every: 0, eval.at_end: false)"
         )
-    if not has_validation(load_manifest(path)):
+    if not has_validation(open_manifest(path)[0]):
         raise ConfigError(
             f"{key} {path} has no held-out validation split to evaluate on (prepared with "
             f"--val-fraction 0, before held-out splits, or too small): {NO_HELD_OUT_FIX}"

@@ -23,6 +23,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from yatrain.data.file_index import read_file_index, write_file_index
+from yatrain.data.manifest import FORMAT, MANIFEST, load_manifest, split_entry
 from yatrain.data.parts import (
     FINAL,
     PARTS,
@@ -36,7 +38,7 @@ from yatrain.data.parts import (
     part_name,
 )
 from yatrain.data.prepare import check_tokens
-from yatrain.data.shards import FORMAT, MANIFEST, TokenShards, load_manifest, split_entry
+from yatrain.data.shards import TokenShards
 from yatrain.data.tokenizer import file_sha256
 from yatrain.errors import DataError
 from yatrain.files import write_whole
@@ -75,6 +77,8 @@ def merge_parts(output: Path) -> dict:
         print(f"{output} is already merged ({info['count']} parts checked): nothing to do")
     else:
         write_whole(output / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    if read_file_index(output) is None:  # a merge from before file indexes gets one too
+        write_file_index(output, manifest)
     TokenShards.open(output, verify_checksums=False)  # the loader accepts what was written
     return manifest
 

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 from yatrain.data.corpus import Corpus
+from yatrain.data.file_index import INDEX_FILES
+from yatrain.data.manifest import FORMAT, MANIFEST, load_manifest
 from yatrain.data.partition import part_cuts, part_pieces, plan_sha256
 from yatrain.data.prepare import (
     Options,
@@ -32,7 +34,6 @@ from yatrain.data.prepare import (
     check_workers,
     tokenize,
 )
-from yatrain.data.shards import FORMAT, MANIFEST, load_manifest
 from yatrain.data.split import DEFAULT_VAL_FRACTION
 from yatrain.data.tokenizer import Tokenizer
 from yatrain.data.tokenizer_formats import load_tokenizer
@@ -44,7 +45,7 @@ FINAL = re.compile(r"part-(\d{5})-of-(\d{5})")
 TEMPORARY = re.compile(r"\.tmp-part-(\d{5})-of-(\d{5})-[0-9a-f]+")
 # What the merge writes at the top of OUTPUT (a tokenizer's files are one of the three
 # kinds' names), and the temporary names it writes them under.
-WRITTEN = {MANIFEST, "tokenizer.model", "tokenizer.json", "tokenizer_config.json"}
+WRITTEN = {MANIFEST, "tokenizer.model", "tokenizer.json", "tokenizer_config.json", *INDEX_FILES}
 _WRITING = re.compile(r"\.(.+)\.tmp-\d+")
 _SHARD = re.compile(r"(\d+)/(\d+)")
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from yatrain.data.corpus import Corpus, ReadStats
+from yatrain.data.file_index import write_file_index
+from yatrain.data.manifest import FORMAT, MANIFEST, token_dtype
 from yatrain.data.parallel import default_workers
-from yatrain.data.shards import FORMAT, MANIFEST, token_dtype
 from yatrain.data.split import DEFAULT_VAL_FRACTION, held_out
 from yatrain.data.tokenize_shards import Tokenized, tokenize_into
 from yatrain.data.tokenizer import Tokenizer
@@ -284,6 +285,7 @@ def tokenize(
         "empty_documents": stats.empty_documents,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_file_index(tmp, manifest)
     workers = options.workers
     print(
         f"tokenized {_count(done.train.num_documents + done.val.num_documents, 'document')} into "

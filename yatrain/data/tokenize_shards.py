@@ -17,8 +17,9 @@ import numpy as np
 from tqdm import tqdm
 
 from yatrain.data.corpus import Corpus
+from yatrain.data.manifest import token_dtype
 from yatrain.data.parallel import encode_stream
-from yatrain.data.shards import ShardWriter, token_dtype
+from yatrain.data.shards import ShardWriter
 from yatrain.data.split import Packed
 from yatrain.data.tokenizer import Tokenizer
 

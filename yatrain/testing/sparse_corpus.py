@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from yatrain.data.shards import FORMAT, MANIFEST, load_manifest, token_dtype
+from yatrain.data.file_index import write_file_index
+from yatrain.data.manifest import FORMAT, MANIFEST, load_manifest, token_dtype
 
 _PLACEHOLDER_SHA256 = "0" * 64  # never checked: data over 512 MB is not hashed on open
 
@@ -48,4 +49,5 @@ def write_sparse_corpus(
     tmp = path / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest))
     os.replace(tmp, path / MANIFEST)
+    write_file_index(path, manifest)
     return manifest
