@@ -16,7 +16,7 @@ manifest stays the truth and its format is unchanged: a directory without an ind
 before it, or copied without file times) is read from its manifest as before, and an index
 whose fingerprint (the manifest's size, modification time, first and last 64 KiB) does not
 match the manifest, or that is unreadable, is ignored the same way. Hashing every token file
-(data up to 512 MB on open, ``--verify``) needs the manifest's checksums and reads it.
+(data up to 512 MB, on open) needs the manifest's checksums and reads it.
 """
 
 from __future__ import annotations
