@@ -5,8 +5,10 @@ projections and ``torch.optim.AdamW`` over the rest, from the same weights on th
 batches, with the same clipping and schedule. The engine runs ``optim.name: muon`` on 1-4
 fork-started gloo ranks in every layout; with ``muon_ns_dtype: fp32`` the reference's
 Newton-Schulz is torch's with bf16 replaced by fp32 (``_fp32_zeropower``), and the two agree
-to fp32 rounding. A Muon that orthogonalised each rank's piece on its own fails the same
-comparison (``test_a_muon_without_owners_fails_the_comparison``).
+to fp32 rounding, under hybrid sharding with owners per replica (``repeat``) or split over
+the world (``split``: ``optim.muon_hsdp``). A Muon that orthogonalised each rank's piece on
+its own fails the same comparison (``test_a_muon_without_owners_fails_the_comparison``), and
+so does a split whose owners return their results to their own replica only.
 """
 
 from __future__ import annotations
@@ -125,11 +127,15 @@ def fp32_reference():
         return data, muon_reference(data)
 
 
-def _muon_run(rank, world, data, micro, ckpt, layout, optim=OPTIM, local=False):
-    options = {"mesh": hybrid_mesh("cpu", 2)} if layout == "hsdp" else {}
+def _muon_run(rank, world, data, micro, ckpt, layout, optim=OPTIM, wrong=None):
+    options = {"mesh": hybrid_mesh("cpu", 2)} if layout in ("repeat", "split") else {}
     cp = 2 if layout == "cp" else 1
-    if local:
+    if options:  # hybrid sharding: optim.muon_hsdp is the layout
+        optim = dataclasses.replace(optim, muon_hsdp=layout)
+    if wrong == "local":
         MatrixExchange.orthogonalize = _own_pieces_only  # this forked rank only
+    if wrong == "one_replica":
+        MatrixExchange._share = _to_own_replica_only
     return train_sharded(rank, world, data, micro, CLIP, ckpt, cp=cp, optim=optim, **options)
 
 
@@ -139,7 +145,8 @@ def _muon_run(rank, world, data, micro, ckpt, layout, optim=OPTIM, local=False):
         (1, 2, 0, "full"),  # one process: no communication, accumulation
         (2, 1, 1, "full"),  # the first layer checkpointed
         (4, 1, 0, "full"),  # matrices cut across ranks
-        (4, 1, 0, "hsdp"),  # 2 replicas x shard groups of 2
+        (4, 1, 0, "repeat"),  # 2 replicas x shard groups of 2, each with an owner per matrix
+        (4, 1, 0, "split"),  # the same, one owner per matrix in the world
         (2, 2, 0, "cp"),  # context parallelism 2: both ranks share each window
     ],
 )
@@ -181,9 +188,25 @@ def _own_pieces_only(self, updates, steps, dtype):
 
 def test_a_muon_without_owners_fails_the_comparison(fp32_reference):
     data, (_, _, want_weights) = fp32_reference
-    got = run_ranks(4, _muon_run, data, 1, 0, "full", OPTIM, True)[0][2]
+    got = run_ranks(4, _muon_run, data, 1, 0, "full", OPTIM, "local")[0][2]
     assert weights_rel(got, want_weights) > 1e-3  # the comparison above allows 1e-5
     assert update_error(got, want_weights, untrained(data)[1]) > 0.1
+
+
+def _to_own_replica_only(self, back):
+    """The wrong split: an owner's results reach the matching rank of its own replica only;
+    the other replicas' ranks get nothing (zeros) for its matrices."""
+    out = torch.zeros(sum(self.blocks), dtype=back.dtype)
+    out.narrow(0, self.base, back.numel()).copy_(back)
+    return out
+
+
+def test_a_split_whose_owners_return_to_one_replica_only_fails_the_comparison(fp32_reference):
+    data, (_, _, want_weights) = fp32_reference
+    results = run_ranks(4, _muon_run, data, 1, 0, "split", OPTIM, "one_replica")
+    for got in (results[0][2], results[2][2]):  # replica 0's weights, and replica 1's
+        assert weights_rel(got, want_weights) > 1e-3
+        assert update_error(got, want_weights, untrained(data)[1]) > 0.1
 
 
 def test_muon_takes_the_seven_projections_of_each_layer_and_adamw_the_rest():

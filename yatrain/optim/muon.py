@@ -32,7 +32,9 @@ class ShardedMuon(Optimizer):
     shard and ``maps`` gives its matrix map, in the same order. A non-finite step (the
     ``found_inf`` flag of ``optim.skip.step_unless``, as fused AdamW takes it) leaves the
     weights and every state bitwise as they were, decided on the device; the exchange runs
-    all the same (it is collective)."""
+    all the same (it is collective). ``replicas``: the replicas' communicator under hybrid
+    sharding, to split the matrices' owners over the whole world (``optim.muon_hsdp:
+    split``); None: each replica orthogonalises every matrix (``repeat``)."""
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class ShardedMuon(Optimizer):
         maps: Sequence[MatrixMap],
         comm: Communicator,
         *,
+        replicas: Communicator | None = None,
         lr: float,
         betas: tuple[float, float],
         eps: float,
@@ -62,7 +65,7 @@ class ShardedMuon(Optimizer):
         super().__init__(list(groups), defaults)
         self.state = self.adamw.state  # one table: AdamW's moments and Muon's momentum
         self.ns_dtype = ns_dtype
-        self.exchange = MatrixExchange(maps, comm)
+        self.exchange = MatrixExchange(maps, comm, replicas)
         self.found_inf: torch.Tensor | None = None
 
     @property

@@ -161,6 +161,9 @@ class OptimConfig:
     # match_rms_adamw (null): lr and weight_decay carry over from AdamW; original: Keller
     # Jordan's, which wants a muon_lr near 0.02
     muon_adjust_lr: Literal["match_rms_adamw", "original"] | None = None
+    # Hybrid sharding: split (null): one owner per matrix in the world sends its result to
+    # every replica; repeat: each replica orthogonalises every matrix (no traffic across)
+    muon_hsdp: Literal["split", "repeat"] | None = None
 
     def muon(self) -> dict:
         """Muon's settings, the nulls resolved (``MUON_DEFAULTS``; ``lr``: ``muon_lr``)."""
@@ -176,6 +179,7 @@ MUON_DEFAULTS = {
     "ns_steps": 5,
     "ns_dtype": "bf16",
     "adjust_lr": "match_rms_adamw",
+    "hsdp": "split",
 }
 MUON_KEYS = ("muon_lr", *(f"muon_{k}" for k in MUON_DEFAULTS))
 

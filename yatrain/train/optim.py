@@ -1,5 +1,4 @@
-"""The run's optimizer over the engine's shards: AdamW, or Muon for the decoder's matrices
-(``optim.name``), and the learning rate each step."""
+"""The run's optimizer over the engine's shards (``optim.name``) and each step's rate."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ def run_optimizer(
         groups,
         maps,
         engine.comm,
+        replicas=engine.replica_comm if muon["hsdp"] == "split" else None,
         lr=muon["lr"],
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
