@@ -4,9 +4,9 @@ repeat``) or one in the whole world (``split``), on 4 fork-started gloo ranks (2
 Both modes train the same bits (the owners assemble the same matrices); a checkpoint of one
 resumes in the other, and ``--reset-optimizer`` starts a split Muon from an AdamW run (the
 state is per shard: owners matter within a step only). The traffic counters see split's
-all-to-all across the replicas, and ``test_both_modes_measured_beside_the_replica_all_reduce``
-prints what each mode sends and how long its steps take (the equivalence with torch's Muon
-is ``tests/unit/test_muon.py``'s).
+all-to-all across the replicas, and so does the planner's ``step_traffic``;
+``test_both_modes_measured_beside_the_replica_all_reduce`` prints what each mode sends and
+how long its steps take (the equivalence with torch's Muon is ``tests/unit/test_muon.py``'s).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from yatrain.models.llama import DecoderLayer, build_model
 from yatrain.recipe.config import OptimConfig
 from yatrain.recipe.load import load_recipe
 from yatrain.sharding.groups import hybrid_mesh
+from yatrain.sharding.traffic import step_traffic
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import run_optimizer
 from yatrain.train.setup import Checks
@@ -115,6 +116,19 @@ def _steps(rank, world, mode, cfg, steps, seq=12):
     }
     exchange = opt.exchange
     said = (exchange.bytes_sent(torch.bfloat16), exchange.bytes_across(torch.bfloat16))
+    planned = step_traffic(
+        [layout.numel for layout in engine.layouts],
+        engine.reads_weights,
+        engine.small.numel,
+        shard_size=engine.shard_size,
+        replicas=engine.replicas,
+        param_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+        micro_batches=1,
+        exchanged=said[0],
+        across=said[1],
+    )
+    sent["planned_cross"] = planned.cross
     return sent, said, steps
 
 
@@ -140,6 +154,7 @@ def test_traffic_counts_the_split_modes_bytes_across_replicas(mode):
         assert sent["across"] == across
         assert sent["across_count"] == (2 if mode == "split" else 0)
         assert sent["cross_total"] == steps * (sent["all_reduce"] + across)
+        assert sent["planned_cross"] == sent["all_reduce"] + across  # the planner's formula
     total = sum(sent["across"] for sent, _, _ in ranks)
     assert total == (2 * _matrix_elements(CFG) if mode == "split" else 0)
 

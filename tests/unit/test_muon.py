@@ -173,17 +173,18 @@ def test_bf16_muon_stays_close_to_the_fp32_reference(fp32_reference):
     assert update_error(got, want_weights, untrained(data)[1]) <= 0.2
 
 
-def _own_pieces_only(self, updates, steps, dtype):
+def _own_pieces_only(self, updates, steps, dtype, land):
     """The wrong Muon: each rank orthogonalises its own piece of each matrix (its whole
     rows, else one row), with no owner and no exchange."""
-    back = torch.empty(sum(self.in_splits), dtype=dtype)
-    for piece in self.sent:
-        cols = self.shapes[piece.matrix][1]
-        own = updates[piece.unit].narrow(0, piece.in_shard, piece.length)
-        rows = piece.length // cols if piece.length % cols == 0 else 1
-        done = zeropower(own.reshape(rows, -1), steps, dtype).reshape(-1)
-        back.narrow(0, piece.at, piece.length).copy_(done)
-    return back
+    for bucket in self.buckets:
+        back = torch.empty(sum(bucket.blocks), dtype=dtype)
+        for piece in bucket.sent:
+            cols = self.shapes[piece.matrix][1]
+            own = updates[piece.unit].narrow(0, piece.in_shard, piece.length)
+            rows = piece.length // cols if piece.length % cols == 0 else 1
+            done = zeropower(own.reshape(rows, -1), steps, dtype).reshape(-1)
+            back.narrow(0, piece.at, piece.length).copy_(done)
+        land(bucket.sent, back)
 
 
 def test_a_muon_without_owners_fails_the_comparison(fp32_reference):
@@ -193,11 +194,12 @@ def test_a_muon_without_owners_fails_the_comparison(fp32_reference):
     assert update_error(got, want_weights, untrained(data)[1]) > 0.1
 
 
-def _to_own_replica_only(self, back):
+def _to_own_replica_only(self, flight):
     """The wrong split: an owner's results reach the matching rank of its own replica only;
     the other replicas' ranks get nothing (zeros) for its matrices."""
-    out = torch.zeros(sum(self.blocks), dtype=back.dtype)
-    out.narrow(0, self.base, back.numel()).copy_(back)
+    back, bucket = flight.source, flight.bucket
+    out = torch.zeros(sum(bucket.blocks), dtype=back.dtype)
+    out.narrow(0, bucket.base, back.numel()).copy_(back)
     return out
 
 

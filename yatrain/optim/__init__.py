@@ -7,7 +7,7 @@ shards and lets one owner rank per matrix run the Newton-Schulz iteration (``exc
 """
 
 from yatrain.optim.adamw import fused_adamw
-from yatrain.optim.muon import MOMENTUM, ShardedMuon
+from yatrain.optim.muon import MOMENTUM, ShardedMuon, muon_for
 from yatrain.optim.newton_schulz import ADJUST_LR, adjusted_lr, zeropower
 from yatrain.optim.skip import step_unless
 
@@ -17,6 +17,7 @@ __all__ = [
     "ShardedMuon",
     "adjusted_lr",
     "fused_adamw",
+    "muon_for",
     "step_unless",
     "zeropower",
 ]

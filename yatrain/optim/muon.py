@@ -18,9 +18,14 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from yatrain.common import DTYPES
+from yatrain.models.llama import DecoderLayer
 from yatrain.optim.adamw import fused_adamw
 from yatrain.optim.exchange import MatrixExchange
+from yatrain.optim.exchange_plan import Sent, bucket_numel
 from yatrain.optim.newton_schulz import adjusted_lr
+from yatrain.recipe.config import OptimConfig
+from yatrain.sharding import ShardableModel, ShardedEngine
 from yatrain.sharding.comm import Communicator
 from yatrain.sharding.layout import MatrixMap
 
@@ -34,7 +39,9 @@ class ShardedMuon(Optimizer):
     weights and every state bitwise as they were, decided on the device; the exchange runs
     all the same (it is collective). ``replicas``: the replicas' communicator under hybrid
     sharding, to split the matrices' owners over the whole world (``optim.muon_hsdp:
-    split``); None: each replica orthogonalises every matrix (``repeat``)."""
+    split``); None: each replica orthogonalises every matrix (``repeat``). ``bucket_mib``:
+    the decoder layers' matrices exchanged together, about this many MiB of whole matrices
+    in ``ns_dtype`` (``optim.muon_bucket_mib``); None: all at once."""
 
     def __init__(
         self,
@@ -51,6 +58,7 @@ class ShardedMuon(Optimizer):
         ns_steps: int = 5,
         ns_dtype: torch.dtype = torch.bfloat16,
         adjust_lr: str = "match_rms_adamw",
+        bucket_mib: float | None = None,
     ) -> None:
         adamw_groups = [g for g in groups if g["kind"] == "adamw"]
         self.adamw = fused_adamw(adamw_groups, lr=lr, betas=betas, eps=eps)
@@ -65,7 +73,8 @@ class ShardedMuon(Optimizer):
         super().__init__(list(groups), defaults)
         self.state = self.adamw.state  # one table: AdamW's moments and Muon's momentum
         self.ns_dtype = ns_dtype
-        self.exchange = MatrixExchange(maps, comm, replicas)
+        buckets = bucket_numel(bucket_mib, ns_dtype)
+        self.exchange = MatrixExchange(maps, comm, replicas, buckets)
         self.found_inf: torch.Tensor | None = None
 
     @property
@@ -98,17 +107,19 @@ class ShardedMuon(Optimizer):
             return
         self.ensure_state()
         updates = [self._momentum(group, keep) for group in groups]
-        steps = groups[0]["ns_steps"]
-        back = self.exchange.orthogonalize(updates, steps, self.ns_dtype)
         params = [g["params"][0].detach() for g in groups]
         targets = [p if keep is None else p.clone() for p in params]
         for group, target in zip(groups, targets, strict=True):
             target.mul_(1 - group["lr"] * group["weight_decay"])  # with the unadjusted rate
-        for piece in self.exchange.sent:
-            group = groups[piece.unit]
-            rate = adjusted_lr(group["lr"], group["adjust_lr"], self.exchange.shapes[piece.matrix])
-            segment = targets[piece.unit].narrow(0, piece.in_shard, piece.length)
-            segment.add_(back.narrow(0, piece.at, piece.length), alpha=-rate)
+
+        def land(pieces: Sequence[Sent], back: torch.Tensor) -> None:
+            for piece in pieces:  # a bucket's, as its results arrive
+                group, shape = groups[piece.unit], self.exchange.shapes[piece.matrix]
+                rate = adjusted_lr(group["lr"], group["adjust_lr"], shape)
+                segment = targets[piece.unit].narrow(0, piece.in_shard, piece.length)
+                segment.add_(back.narrow(0, piece.at, piece.length), alpha=-rate)
+
+        self.exchange.orthogonalize(updates, groups[0]["ns_steps"], self.ns_dtype, land)
         if keep is not None:
             for param, target in zip(params, targets, strict=True):
                 param.copy_(torch.where(keep, param, target))
@@ -124,3 +135,32 @@ class ShardedMuon(Optimizer):
         if keep is not None:
             buf.copy_(torch.where(keep, buf, new))
         return update
+
+
+def muon_for(engine: ShardedEngine, model: ShardableModel, cfg: OptimConfig) -> ShardedMuon:
+    """``optim.name: muon``: Muon takes each decoder layer's unit (its seven projection
+    matrices; the routing follows the units, never ``ndim``), AdamW the embedding, the head
+    and the small group, with the recipe's betas, eps, rate and decay."""
+    muon = cfg.muon()
+    layers = {i for i, unit in enumerate(model.units()) if isinstance(unit, DecoderLayer)}
+    groups = engine.unit_groups(cfg.weight_decay)
+    for group in groups:
+        group["kind"] = "muon" if group["unit"] in layers else "adamw"
+        if group["kind"] == "muon":
+            group["lr_scale"] = muon["lr"] / cfg.lr  # set_lr: the schedule scales both alike
+    maps = [engine.matrix_map(g["unit"]) for g in groups if g["kind"] == "muon"]
+    return ShardedMuon(
+        groups,
+        maps,
+        engine.comm,
+        replicas=engine.replica_comm if muon["hsdp"] == "split" else None,
+        lr=muon["lr"],
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        momentum=muon["momentum"],
+        nesterov=muon["nesterov"],
+        ns_steps=muon["ns_steps"],
+        ns_dtype=DTYPES[muon["ns_dtype"]],
+        adjust_lr=muon["adjust_lr"],
+        bucket_mib=muon["bucket_mib"],
+    )

@@ -164,6 +164,10 @@ class OptimConfig:
     # Hybrid sharding: split (null): one owner per matrix in the world sends its result to
     # every replica; repeat: each replica orthogonalises every matrix (no traffic across)
     muon_hsdp: Literal["split", "repeat"] | None = None
+    # Muon's exchange in buckets of consecutive decoder layers, about this many MiB of whole
+    # matrices each in muon_ns_dtype (one layer at least), overlapped with the Newton-Schulz
+    # of the bucket before; null = 256
+    muon_bucket_mib: float | None = _limit(None, gt=0, le=2**20)  # <= 1 TiB
 
     def muon(self) -> dict:
         """Muon's settings, the nulls resolved (``MUON_DEFAULTS``; ``lr``: ``muon_lr``)."""
@@ -180,6 +184,7 @@ MUON_DEFAULTS = {
     "ns_dtype": "bf16",
     "adjust_lr": "match_rms_adamw",
     "hsdp": "split",
+    "bucket_mib": 256,
 }
 MUON_KEYS = ("muon_lr", *(f"muon_{k}" for k in MUON_DEFAULTS))
 

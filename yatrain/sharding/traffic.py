@@ -8,7 +8,8 @@ backward reads the weights; the engine skips the units still resident from the f
 this is an upper bound by at most ``prefetch_depth + 1`` units) and its gradient is
 reduce-scattered; the norm group is gathered and reduced once per step. Under hybrid
 sharding every fp32 gradient shard is then all-reduced once across the replicas. A Muon
-step adds its two all-to-alls within the group (point to point: all but what a rank keeps).
+step adds its two all-to-alls a bucket within the group (point to point: all but what a
+rank keeps) and, with its owners split over the replicas, one a bucket across them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class StepTraffic:
     """Bytes one rank sends per optimizer step."""
 
     intra: int  # within its shard group: gathers and reduce-scatters
-    cross: int  # across shard groups: the replicas' gradient all-reduce
+    cross: int  # across shard groups: the replicas' all-reduce (and Muon's split all-to-all)
 
 
 def step_traffic(
@@ -43,12 +44,15 @@ def step_traffic(
     fp8_units: Sequence[bool] = (),
     fp8_tensors: int = 0,
     exchanged: int = 0,
+    across: int = 0,
 ) -> StepTraffic:
     """One rank's bytes for units of ``unit_numels`` elements (``reads_weights[i]``: unit i
     is gathered again for its backward) and a norm group of ``small_numel``. ``fp8_units``:
     units gathered in float8 (one byte per element), whose ``fp8_tensors`` weight tensors'
     amaxes are all-reduced once per step (float8.py). ``exchanged``: the bytes an optimizer
-    exchanges point to point within the group (Muon's all-to-alls, ``MatrixExchange``)."""
+    exchanges point to point within the group (Muon's all-to-alls, ``MatrixExchange``'s
+    ``bytes_sent``); ``across``: what it sends the other replicas (``bytes_across``: Muon's
+    owners split over the world, ``optim.muon_hsdp: split``)."""
     g, p, r = shard_size, param_dtype.itemsize, reduce_dtype.itemsize
     sizes = [padded(n, g) for n in unit_numels]
     small = padded(small_numel, g)
@@ -62,4 +66,4 @@ def step_traffic(
     intra += scales + exchanged
     shards = [size // g for size in sizes] + [small // g]
     cross = sum(ring_bytes(2 * 4 * n, replicas) for n in shards) if replicas > 1 else 0
-    return StepTraffic(intra, cross)
+    return StepTraffic(intra, cross + across)

@@ -9,7 +9,9 @@ only after the synchronisation logging already makes):
   every wait on a gather or a reduction: that is exposed communication, the rest compute.
 - ``guard``: the guard's agreement on stopping and finiteness (one tiny all-reduce): exposed
   communication too.
-- ``optimizer``: AdamW's step, the check that the new weights are finite, ``after_step``.
+- ``optimizer``: the optimizer's step, the check that the new weights are finite,
+  ``after_step``; less Muon's exchange, which times itself (``optim.exchange_timing``): its
+  waits on the all-to-alls are exposed communication, its Newton-Schulz compute.
 
 The meter adds the data wait (the loader, on the host), the logging all-reduce, and calls
 what no timer covers unattributed (setting the learning rate, the loop's bookkeeping).
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from yatrain.optim.exchange_timing import exchange_times
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.timing import IntervalClock
 
@@ -57,6 +60,7 @@ class StepClock:
 
     def __init__(self, engine: ShardedEngine, device: torch.device) -> None:
         self.waits = engine.waits
+        self.exchange = exchange_times(engine.waits)  # Muon's, if any: optim.exchange_timing
         self.clocks = {name: IntervalClock(device) for name in PHASES}
         self.current: IntervalClock | None = None
         self.name: str | None = None  # the part running now (a hang report says it)
@@ -70,18 +74,20 @@ class StepClock:
         self.current = self.clocks[name] if name is not None else None
         self.mark = self.current.start() if self.current is not None else None
         self.waits.active = name == "model"
+        self.exchange.active = name == "optimizer"
 
     @property
     def intervals(self) -> int:
         """Intervals timed so far (the overhead benchmark counts them)."""
-        return self.waits.intervals + sum(c.intervals for c in self.clocks.values())
+        clocks = [self.waits, *self.clocks.values()]
+        return self.exchange.intervals + sum(c.intervals for c in clocks)
 
     def take(self) -> tuple[float, float, float]:
         """(compute, exposed communication, optimizer) seconds timed since the last take
         (after a synchronisation); resets the timers."""
-        waits = self.waits.take()
+        waits, (ns, exchange) = self.waits.take(), self.exchange.take()
         model, guard, optimizer = (self.clocks[name].take() for name in PHASES)
-        return model - waits, waits + guard, optimizer
+        return model - waits + ns, waits + guard + exchange, optimizer - ns - exchange
 
 
 class NoClock:
