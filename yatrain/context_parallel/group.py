@@ -42,15 +42,16 @@ class ContextGroup:
         self.rank, self.size = comm.rank, comm.world_size
 
     @classmethod
-    def build(cls, size: int, device: torch.device | str) -> ContextGroup:
+    def build(cls, size: int, device: torch.device | str, cuda_path: bool = False) -> ContextGroup:
         """Contiguous groups of ``size`` ranks over the whole world; this rank's. Collective:
-        every rank calls it at the same point."""
+        every rank calls it at the same point. ``cuda_path``: ``groups.make_communicator``'s."""
         world = dist.get_world_size()
         if size < 2 or world % size:
             raise ValueError(f"a context-parallel group of {size} ranks in a world of {world}")
         layout = [list(range(start, start + size)) for start in range(0, world, size)]
         group, _ = dist.new_subgroups_by_enumeration(layout)
-        return cls(make_communicator(group, torch.device(device), force_group=True))
+        device = torch.device(device)
+        return cls(make_communicator(group, device, force_group=True, cuda_path=cuda_path))
 
     @property
     def chunks(self) -> tuple[int, int]:

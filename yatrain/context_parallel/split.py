@@ -32,11 +32,14 @@ class ContextParallel:
         self.group = group
 
     @classmethod
-    def of_layout(cls, layout: JobLayout, device: torch.device) -> ContextParallel | None:
-        """The layout's CP groups over this run's ranks (collective), or None at 1."""
+    def of_layout(
+        cls, layout: JobLayout, device: torch.device, cuda_path: bool = False
+    ) -> ContextParallel | None:
+        """The layout's CP groups over this run's ranks (collective), or None at 1;
+        ``cuda_path``: the CUDA communicator on a CPU, as the engine's (a dry run)."""
         if layout.context == 1:
             return None
-        return cls(ContextGroup.build(layout.context, device))
+        return cls(ContextGroup.build(layout.context, device, cuda_path))
 
     @property
     def size(self) -> int:

@@ -1,4 +1,5 @@
-"""A dry run in words: the tracked peak beside the plan, whether it fits, the collectives."""
+"""A dry run in words: the tracked peak beside the plan (in total and by category), whether
+it fits, the collectives."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def format_dry_run(run: DryRun) -> str:
         f"  {f'planned (at {plan.peak_moment})':28}{run.planned_peak_bytes / GIB:10.3f} GiB",
         f"  {'difference':28}{diff / GIB:+10.3f} GiB ({share:+.2%}, {diff:+,} bytes)",
         f"  {'runtime allowance':28}{run.allowance / GIB:10.3f} GiB",
+        *category_lines(run),
     ]
     if limit is not None:
         total = (run.tracked_peak_bytes + run.allowance) / GIB
@@ -35,3 +37,24 @@ def format_dry_run(run: DryRun) -> str:
             f"{numbers['bytes'] / GIB:10.4f} GiB sent"
         )
     return "\n".join(lines)
+
+
+def category_lines(run: DryRun) -> list[str]:
+    """The peak category by category (``dry_run.categories``), tracked beside planned: where
+    a difference in the total comes from, and whether both peaks are at the same moment."""
+    tracked_at, planned_at = run.tracked.moment, run.plan.peak_moment
+    lines = [f"by category: tracked peak at {tracked_at}, planned at {planned_at}"]
+    if tracked_at.split(",")[0] != planned_at:
+        lines.append("  (not the same moment: categories differ by what each moment holds)")
+    lines.append(f"  {'(GiB)':28}{'tracked':>12}{'planned':>11}{'difference':>12}")
+    for name, numbers in run.categories().items():
+        tracked, planned, diff = (
+            numbers["tracked_bytes"],
+            numbers["planned_bytes"],
+            numbers["difference_bytes"],
+        )
+        share = f"{diff / planned:+8.2%}" if planned else ("      --" if diff else f"{0:+8.2%}")
+        lines.append(
+            f"  {name:28}{tracked / GIB:12.4f}{planned / GIB:11.4f}{diff / GIB:+12.4f} {share}"
+        )
+    return lines

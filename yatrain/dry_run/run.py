@@ -29,8 +29,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from yatrain.common import DTYPES
+from yatrain.context_parallel.split import ContextParallel
 from yatrain.data import BatchLoader
 from yatrain.data.batch import MicroBatch
+from yatrain.dry_run.categories import CategoryMeter, TrackedPeak, side_by_side
 from yatrain.errors import ConfigError
 from yatrain.output.loggers import Loggers
 from yatrain.plan import MemoryPlan, plan_for_layers, plan_memory
@@ -38,13 +40,12 @@ from yatrain.recipe.config import Recipe
 from yatrain.recipe.topology import job_layout
 from yatrain.runtime.process import Runtime
 from yatrain.runtime.watchdog import Watchdog
-from yatrain.sharding import InitHooks, ShardedEngine
+from yatrain.sharding import InitHooks, ShardedEngine, hybrid_mesh
 from yatrain.sharding.comm import KINDS
 from yatrain.train.build import build_model_and_engine
 from yatrain.train.checkpointer import Checkpointer
 from yatrain.train.evaluate import Evaluator
 from yatrain.train.loop import train
-from yatrain.train.metrics import StepMeter
 from yatrain.train.optim import run_optimizer
 from yatrain.train.profile import StepProfiler
 from yatrain.train.run import Opened, Run
@@ -66,6 +67,7 @@ class DryRun:
     collectives: dict[str, dict[str, int]]  # the engine's, of one step: kind -> count, bytes
     attention: str  # the attention kernel whose saved tensors were measured
     seconds: float
+    tracked: TrackedPeak  # the tracked peak's moment and categories (``categories``)
 
     @property
     def planned_peak_bytes(self) -> int:
@@ -80,6 +82,10 @@ class DryRun:
     @property
     def allowance(self) -> int:
         return self.plan.runtime_allowance_bytes
+
+    def categories(self) -> dict[str, dict[str, int]]:
+        """Each category's tracked and planned bytes at the peak, and their difference."""
+        return side_by_side(self.tracked.categories, self.plan.breakdown)
 
     def to_json(self) -> dict:
         return {
@@ -97,6 +103,9 @@ class DryRun:
             "collectives": self.collectives,
             "attention": self.attention,
             "seconds": self.seconds,
+            "tracked_peak_moment": self.tracked.moment,
+            "planned_peak_moment": self.plan.peak_moment,
+            "categories": self.categories(),
         }
 
 
@@ -172,16 +181,22 @@ def dry_run(
     finally:
         dist.destroy_process_group()
     seconds = time.perf_counter() - start
-    return DryRun(recipe_name, world, rank, steps, peak, plan, per_step, attention, seconds)
+    tracked = run.meter.tracked_peak  # a CategoryMeter's (build_run)
+    return DryRun(
+        recipe_name, world, rank, steps, peak, plan, per_step, attention, seconds, tracked
+    )
 
 
 def build_run(
     recipe: Recipe, runtime: Runtime, gpu_memory: int | None, fake: FakeTensorMode
 ) -> tuple[Run, Batches]:
     """The run ``train`` steps, built as ``setup`` builds one, minus everything on disk: its
-    tensors under ``fake``; device meshes (which read their ranks) and the meter's FLOP/s
-    probe (this CPU's, measured) outside it."""
+    tensors under ``fake``; the hybrid mesh (which reads its ranks from a tensor), the CP
+    groups and the meter's FLOP/s probe (this CPU's, measured) outside it."""
     layout = job_layout(recipe, runtime.world_size, runtime.world_size)
+    if layout.shard_group < runtime.world_size:  # HSDP: the mesh the engine is built over
+        hybrid_mesh(runtime.device.type, layout.shard_group)  # reads real ranks: not fake
+    context = ContextParallel.of_layout(layout, runtime.device, cuda_path=True)
     nothing = InitHooks(lambda index, kept: None, lambda: None)  # values do not exist
     with fake:
         model, engine = build_model_and_engine(
@@ -189,12 +204,15 @@ def build_run(
         )
         batches = Batches(recipe, layout.data_ranks, layout.data_rank(runtime.rank), engine)
         optimizer = run_optimizer(engine, model, recipe.optim)
+    if context is not None:
+        context.time_waits(engine.waits)
     loggers = Loggers(runtime, progress=False)
     loggers.destinations = [loggers.console] if loggers.active else []  # no metrics file
     opened = Opened(loggers, Watchdog(0, runtime.rank, False), None)
     opened.checkpointer = Checkpointer(recipe, NO_DIR, engine, optimizer, batches, runtime)
     steps = recipe.train.steps
-    meter = StepMeter(recipe, runtime, batches.tokens_per_step, steps, engine)
+    tokens = batches.tokens_per_step
+    meter = CategoryMeter(recipe, runtime, tokens, steps, engine, model, optimizer)
     profiler = StepProfiler(0, NO_DIR, runtime.rank, CPU, 0, opened.loggers.say)
     evaluator = Evaluator.disabled(recipe, CPU)
     run = Run(
@@ -210,6 +228,7 @@ def build_run(
         profiler,
         evaluator,
         opened,
+        context,
     )
     return run, batches
 

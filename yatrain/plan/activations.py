@@ -69,6 +69,10 @@ class ActivationSizes:
         logits = chunk * m.vocab_size * (4 + (p if p != 4 else 0))  # fp32 (+ cast) logits
         gathered = gathered_kv(m, seq_len, micro_batch, p) if cp > 1 else 0
         kv_local = 2 * n * p * m.n_kv_heads * m.head_dim if cp > 1 else 0  # not kept under CP
+        # under CP attention runs in pieces (``context_parallel.attention``): SDPA keeps each
+        # piece's output and ``wo`` their concatenation, a second copy of the output
+        pieces = n * p * d if cp > 1 else 0
+        ffn_saved = (3 if compiled else 4) * n * p * m.ffn_dim  # ffn-sized saved tensors
         # without CP, SDPA makes the boolean document mask additive in each layer and keeps
         # that copy for the backward (measured: tests/integration/test_plan_context.py)
         converted = micro_batch * seq_len * seq_len * p if document_mask and cp == 1 else 0
@@ -77,13 +81,15 @@ class ActivationSizes:
             + lse
             + gathered
             - kv_local
+            + pieces
             + converted,
             checkpointed_layer=n * p * d,
             # two ffn-sized gradients inside a layer's backward and its input's gradient (a
             # weight's gradient on its way into the gradient buffer overlaps with freed
             # activations: counting it overestimates every measured case); under CP the
-            # gathered keys' and values' gradient and its copy for the reduce-scatter
-            backward_workspace=2 * n * p * m.ffn_dim + n * p * d + 2 * gathered,
+            # gathered keys' and values' gradient and its copy for the reduce-scatter, in
+            # the attention's backward: after the feed-forward's has freed what it saved
+            backward_workspace=n * p * d + max(2 * n * p * m.ffn_dim, 2 * gathered - ffn_saved),
             final_norm=norm_saved(n, d, p),
             loss=logits + n * p * d,
             head_gradient=p * m.vocab_size * d,
@@ -148,6 +154,7 @@ def activation_peak(
     g: GradientShards,
     accumulating: bool,
     direct: bool = False,
+    optimizer: int = 0,
 ) -> tuple[str, dict[str, int]]:
     """The largest moment of a step above the resident state: (moment, its parts in bytes).
 
@@ -155,17 +162,22 @@ def activation_peak(
     recompute of each checkpointed one (the layers above it have freed theirs, and their
     gradient shards exist: a unit's from its first reduction on, every unit's through a
     later micro-batch of several, ``accumulating``; on the ``direct`` path of one process
-    also the running layer's, which its first weight gradient fills); the gradient norm."""
+    also the running layer's, which its first weight gradient fills); the gradient norm;
+    with ``optimizer`` bytes (a Muon step's updates and exchange, ``plan/muon.py``) the
+    optimizer step, every gradient shard still held."""
     k, n = checkpointed, n_layers
 
-    def moment(acts: int, loss: int, head: int, workspace: int, grads: int) -> dict[str, int]:
-        return {
+    def moment(
+        acts: int, loss: int, head: int, workspace: int, grads: int, step: int = 0
+    ) -> dict[str, int]:
+        parts = {
             "activations": acts,
             "logits_and_loss": loss,
             "head_gradient": head,
             "backward_workspace": workspace,
             "gradients": grads,
         }
+        return {**parts, "optimizer_workspace": step} if optimizer else parts
 
     def reduced(layers_above: int) -> int:  # the head and the layers above this one
         return g.all_units if accumulating else g.head + (layers_above + direct) * g.layer
@@ -177,6 +189,8 @@ def activation_peak(
         ),
         "gradient norm": moment(0, 0, 0, 0, g.all_units),
     }
+    if optimizer:
+        moments["optimizer step"] = moment(0, 0, 0, 0, g.all_units, optimizer)
     for i in range(n - 1, k - 1, -1):  # layers that kept their activations
         acts = k * a.checkpointed_layer + (i - k + 1) * a.full_layer
         head = a.head_gradient if i == n - 1 else 0  # reduced while the last layer runs

@@ -1,19 +1,17 @@
-"""How a plan lays its GPUs out (the shard group) and what each GPU sends per step.
+"""How a plan lays its GPUs out (the shard group) and the engine's layouts it plans with.
 
 Hybrid sharding (``sharding.shard_group_size``) shards the state over the group, not the
-world: the memory model plans for a shard group of G ranks, and the traffic table compares
-full sharding over the world with G-rank groups replicated world / G times. The bytes come
-from ``sharding.traffic.step_traffic`` over the layouts of a meta-device model (the
-engine's own functions): the model owns its shapes, the engine its schedule.
+world: the memory model plans for a shard group of G ranks, and the traffic table
+(``plan/traffic.py``) compares full sharding over the world with G-rank groups replicated
+world / G times. The layouts are the engine's own functions over a meta-device model: the
+model owns its shapes, the engine its schedule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 
-from yatrain.common import DTYPES
 from yatrain.errors import ConfigError
 from yatrain.models.float8 import float8_projections
 from yatrain.models.llama import Llama, build_model
@@ -28,7 +26,6 @@ from yatrain.recipe.topology import (
 )
 from yatrain.sharding.contract import backward_reads_weights
 from yatrain.sharding.layout import FlatLayout, plan_layouts
-from yatrain.sharding.traffic import StepTraffic, step_traffic
 
 
 def check_planned_layout(recipe: Recipe, gpus: int, group_fix: str) -> None:
@@ -138,11 +135,11 @@ def _layouts(model_items: str, world: int) -> tuple[list[FlatLayout], FlatLayout
 
 def unit_layouts(m: ModelConfig, world: int) -> tuple[list[FlatLayout], FlatLayout]:
     """The engine's layouts of the units and of the norm group over ``world`` ranks."""
-    return _layouts(_items(m), world)
+    return _layouts(model_key(m), world)
 
 
 @functools.lru_cache(maxsize=64)
-def _units(model_items: str) -> tuple[list[int], list[bool], int]:
+def units_of(model_items: str) -> tuple[list[int], list[bool], int]:
     """Each unit's flat length and whether its backward reads its weights, and the norm
     group's length, as the engine lays them out."""
     layouts, small = _layouts(model_items, 1)
@@ -165,71 +162,8 @@ def fp8_units(m: ModelConfig, float8: str | None, direct: bool) -> tuple[bool, .
     """Units gathered in float8 with ``train.float8`` (none without a gather: ``direct``)."""
     if float8 != "tensorwise" or direct:
         return ()
-    return _fp8_units(_items(m))
+    return _fp8_units(model_key(m))
 
 
-def _fp8_tensors(m: ModelConfig, fp8: tuple[bool, ...]) -> int:
-    """How many tensors' amaxes the per-step scale all-reduce carries."""
-    if not fp8:
-        return 0
-    layouts = unit_layouts(m, 1)[0]
-    return sum(len(layout.slots) for layout, f in zip(layouts, fp8, strict=True) if f)
-
-
-def _items(m: ModelConfig) -> str:
+def model_key(m: ModelConfig) -> str:
     return json.dumps(to_dict(m), sort_keys=True)  # a hashable key (the config is mutable)
-
-
-def traffic(recipe: Recipe, world_size: int, group: int) -> StepTraffic:
-    """Bytes one GPU sends per step with shard groups of ``group`` out of ``world_size``."""
-    numels, reads, small = _units(_items(recipe.model))
-    fp8 = fp8_units(recipe.model, recipe.train.float8, group == 1)
-    tensors = _fp8_tensors(recipe.model, fp8)
-    return step_traffic(
-        numels,
-        reads,
-        small,
-        shard_size=group,
-        replicas=world_size // group,
-        param_dtype=DTYPES[recipe.train.dtype],
-        reduce_dtype=DTYPES[recipe.sharding.reduce_dtype],
-        micro_batches=micro_batches(recipe, world_size),
-        fp8_units=fp8,
-        fp8_tensors=tensors,
-    )
-
-
-def micro_batches(recipe: Recipe, world_size: int) -> int:
-    """Micro-batches a rank runs per step: the batch is split over world / CP data ranks."""
-    data, cp = recipe.data, recipe.sharding.context_parallel
-    return data.global_batch_size // (data.micro_batch_size * world_size // cp)
-
-
-def context_bytes(recipe: Recipe, world_size: int, checkpointed: int) -> int:
-    """Bytes one rank sends per step in context parallelism's K/V collectives: per
-    micro-batch and layer one all-gather of its [2, B, kv heads, T / CP, head dim] keys and
-    values (again in a checkpointed layer's recompute) and one reduce-scatter of their
-    gradient, each sending (CP - 1) x its local part (ring accounting)."""
-    m, data, cp = recipe.model, recipe.data, recipe.sharding.context_parallel
-    if cp == 1:
-        return 0
-    local = 2 * data.micro_batch_size * m.n_kv_heads * data.seq_len // cp * m.head_dim
-    local *= DTYPES[recipe.train.dtype].itemsize
-    collectives = 2 * m.n_layers + checkpointed
-    return micro_batches(recipe, world_size) * collectives * (cp - 1) * local
-
-
-def traffic_table(
-    recipe: Recipe, world_size: int, group: int, checkpointed: int = 0
-) -> dict[str, dict[str, int]]:
-    """Per-step bytes per GPU, within groups and across, for full sharding and (when the
-    group is smaller than the world) hybrid sharding; under CP ``context``, the K/V
-    collectives' share of ``intra`` (a CP group sits within a shard group)."""
-    layouts = {"full": world_size, "hybrid": group} if group < world_size else {"full": group}
-    kv = context_bytes(recipe, world_size, checkpointed)
-    table = {}
-    for name, size in layouts.items():
-        sent = dataclasses.asdict(traffic(recipe, world_size, size))
-        sent["intra"] += kv
-        table[name] = {**sent, "context": kv} if kv else sent
-    return table

@@ -4,7 +4,7 @@ Nothing here allocates. The model mirrors what the code keeps alive, so it can b
 against a live-tensor count (tests do):
 
 - resident state (``engine_state_bytes``): the fp32 master shards and AdamW's two moments
-  (a Muon run: one momentum for the decoder's matrices, ``muon_shard_numel``),
+  (a Muon run: one momentum for the decoder's matrices, ``plan/muon.py``),
   and the engine's preallocated buffers exactly as the engine sizes them: the planner calls
   ``sharding.sizes.engine_buffers`` over the layouts of a meta-device model. With one process
   in bf16 the model computes from a bf16 copy of the whole shard;
@@ -38,6 +38,7 @@ from yatrain.common import DTYPES, GIB, dtype_bytes
 from yatrain.models.llama import flops_per_token, layer_matmul_weights
 from yatrain.plan.activations import ActivationSizes, GradientShards, activation_peak
 from yatrain.plan.layout import fp8_units, planned_group, unit_layouts
+from yatrain.plan.muon import muon_shard_numel, muon_step_bytes
 from yatrain.recipe.config import ModelConfig, Recipe
 from yatrain.sharding.sizes import EngineBuffers, engine_buffers, staging_budget
 
@@ -83,13 +84,6 @@ def engine_layout(
     )
     owned = sum(layout.shard_numel for layout in layouts if layout.owns)  # tied: once
     return owned, small.shard_numel, buffers
-
-
-def muon_shard_numel(m: ModelConfig, world: int) -> int:
-    """Elements of this rank's shards that a Muon run updates by Muon: the decoder layers'
-    (units 1..n_layers; their norms are in the small group)."""
-    layouts, _ = unit_layouts(m, world)
-    return sum(layout.shard_numel for layout in layouts[1 : 1 + m.n_layers])
 
 
 def engine_state_bytes(
@@ -167,7 +161,10 @@ class MemoryPlan:
     shard_group_size: int = 0  # the state is sharded over this many GPUs (HSDP: < world)
     # The reduce-scatter staging: its budget, what it holds, each unit's pieces (sizes.py).
     staging: dict = field(default_factory=dict)
-    traffic: dict = field(default_factory=dict)  # per-step bytes per GPU (layout.py)
+    traffic: dict = field(default_factory=dict)  # per-step bytes per GPU (traffic.py)
+    # A Muon step's updates, exchange and Newton-Schulz workspace (plan/muon.py), at the
+    # optimizer step after the backward, whether or not that is the peak; 0 for AdamW.
+    optimizer_step_bytes: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -197,6 +194,10 @@ def activation_sizes(recipe: Recipe) -> ActivationSizes:
     )
 
 
+def _masks(acts: ActivationSizes) -> dict[str, int]:
+    return {"attention_masks": acts.mask} if acts.mask else {}
+
+
 def plan_for_layers(
     recipe: Recipe,
     world_size: int,
@@ -208,9 +209,8 @@ def plan_for_layers(
     shard_group: int | None = None,
 ) -> MemoryPlan:
     """Peak memory per GPU with the first ``checkpointed`` decoder layers checkpointed.
-    ``device_memory_bytes``: what ``auto`` staging is a share of, when it is not
-    ``gpu_memory_bytes`` (a CPU's RAM, of which a rank may use less); ``shard_group``: a
-    run's resolved one (``planned_group``)."""
+    ``device_memory_bytes``: what ``auto`` staging is a share of, if not ``gpu_memory_bytes``
+    (a CPU's RAM); ``shard_group``: a run's resolved one (``planned_group``)."""
     m, s, data, dtype = recipe.model, recipe.sharding, recipe.data, recipe.train.dtype
     if runtime_allowance_bytes is None:
         runtime_allowance_bytes = default_runtime_allowance(gpu_memory_bytes or 0)
@@ -226,11 +226,12 @@ def plan_for_layers(
     acts = activation_sizes(recipe)
     accumulating = data.global_batch_size > data.micro_batch_size * world_size // cp
     # clip_grad_norm_ reduces with vector_norm: no scratch the size of the gradient shard.
+    optimizer = muon_step_bytes(recipe, world_size, group)
+    grads = GradientShards.of(m, group)
     moment, parts = activation_peak(
-        acts, m.n_layers, checkpointed, GradientShards.of(m, group), accumulating, direct
+        acts, m.n_layers, checkpointed, grads, accumulating, direct, optimizer=optimizer
     )
-    masks = {"attention_masks": acts.mask} if acts.mask else {}
-    breakdown = {**state, "batch_and_rope": acts.batch, **masks, **parts}
+    breakdown = {**state, "batch_and_rope": acts.batch, **_masks(acts), **parts}
     tensor_peak = sum(breakdown.values())
     breakdown["runtime_allowance"] = runtime_allowance_bytes
     peak = tensor_peak + runtime_allowance_bytes
@@ -255,4 +256,5 @@ def plan_for_layers(
         shard_group_size=group,
         context_parallel=cp,
         staging={"budget": budget, "bytes": buffers.staging.bytes, "pieces": buffers.pieces},
+        optimizer_step_bytes=optimizer,
     )

@@ -16,16 +16,29 @@ A storage is known by identity (torch keeps one Python object per storage for as
 storage lives), not by its address: a fake tensor (``FakeTensorMode``, a dry run) has none,
 and its storage is a meta one; it counts on the device its tensor reports. Tensors on the
 meta device itself hold no memory and are not counted.
+
+Categories, for saying *what* the peak is made of (a dry run's table beside the planner's
+terms): each storage counts under the tracker's ``category`` when it is first seen (the
+caller sets it, e.g. to the module running), or under the one ``adopt`` names; ``classify``
+moves a live storage to another once the caller knows it by identity (a gradient shard,
+known only after the code that allocated it stored it). ``by_category`` holds the live
+bytes of each, ``peak_by_category`` a copy of them at the peak: one dict lookup per new
+storage, one small dict copy each time the peak rises. Each storage carries the count of
+storages seen before it, so a move also corrects the peak's copy when that storage was
+already live at the peak. ``where``, if given, is asked at each new peak where the
+caller's code stands (``peak_where``: its answer at the peak).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+UNSORTED = "unsorted"  # the category of a storage nobody named one for
 
 
 def _storages(tree) -> list[tuple[torch.UntypedStorage, torch.device]]:
@@ -39,6 +52,11 @@ def _storages(tree) -> list[tuple[torch.UntypedStorage, torch.device]]:
     return found
 
 
+def _move(totals: dict[str, int], old: str, new: str, nbytes: int) -> None:
+    totals[old] = totals.get(old, 0) - nbytes
+    totals[new] = totals.get(new, 0) + nbytes
+
+
 class LiveTensorTracker(TorchDispatchMode):
     """Context manager: ``current``, ``peak`` and ``reset_peak()`` over live storages.
 
@@ -48,16 +66,28 @@ class LiveTensorTracker(TorchDispatchMode):
     >>> activation_peak = mem.peak - before
     """
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device | str | None = None,
+        category: str = UNSORTED,
+        where: Callable[[], object] | None = None,
+    ) -> None:
         super().__init__()
         self.device_type = None if device is None else torch.device(device).type
         self.current = 0
         self.peak = 0
-        self._live: dict[int, int] = {}  # id(storage) -> bytes counted
+        self.category = category  # what a storage seen from now on counts as
+        self.by_category: dict[str, int] = {}  # live bytes per category
+        self.peak_by_category: dict[str, int] = {}  # ``by_category`` at the peak
+        self.where = where  # asked at each new peak where the caller's code stands
+        self.peak_where: object = None  # its answer at the peak
+        self._live: dict[int, tuple[int, str, int]] = {}  # id(storage) -> bytes, category, seen
         self._refs: dict[int, weakref.finalize] = {}
+        self._seen = 0  # storages counted so far: the next one's sequence number - 1
+        self._peak_seen = 0  # ``_seen`` when the peak was reached
 
     # ------------------------------------------------------------------ bookkeeping
-    def _add(self, storage: torch.UntypedStorage, device: torch.device) -> None:
+    def _add(self, storage: torch.UntypedStorage, device: torch.device, category: str) -> None:
         if device.type == "meta":
             return
         if self.device_type is not None and device.type != self.device_type:
@@ -66,24 +96,51 @@ class LiveTensorTracker(TorchDispatchMode):
         nbytes = storage.nbytes()
         if key in self._live or nbytes == 0:
             return
-        self._live[key] = nbytes
+        self._seen += 1
+        self._live[key] = (nbytes, category, self._seen)
         self._refs[key] = weakref.finalize(storage, self._drop, key)
+        self.by_category[category] = self.by_category.get(category, 0) + nbytes
         self.current += nbytes
-        self.peak = max(self.peak, self.current)
+        if self.current > self.peak:
+            self._mark_peak()
+
+    def _mark_peak(self) -> None:
+        self.peak, self._peak_seen = self.current, self._seen
+        self.peak_by_category = dict(self.by_category)
+        if self.where is not None:
+            self.peak_where = self.where()
 
     def _drop(self, key: int) -> None:
-        nbytes = self._live.pop(key, 0)
+        nbytes, category, _ = self._live.pop(key, (0, UNSORTED, 0))
         self._refs.pop(key, None)
         self.current -= nbytes
+        if nbytes:
+            self.by_category[category] -= nbytes
 
-    def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Count tensors that existed before the context opened (e.g. a model's weights)."""
+    def adopt(self, tensors: Iterable[torch.Tensor], category: str | None = None) -> None:
+        """Count tensors that existed before the context opened (e.g. a model's weights),
+        under ``category`` (default: the tracker's); a storage already counted keeps its."""
         for tensor in tensors:
-            self._add(tensor.untyped_storage(), tensor.device)
+            self._add(tensor.untyped_storage(), tensor.device, category or self.category)
+
+    def classify(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Count these tensors' live storages under ``category`` from now on, and in
+        ``peak_by_category`` too where they were live at the peak (see the module
+        docstring); storages not counted are left alone."""
+        for tensor in tensors:
+            key = id(tensor.untyped_storage())
+            entry = self._live.get(key)
+            if entry is None or entry[1] == category:
+                continue
+            nbytes, old, seen = entry
+            self._live[key] = (nbytes, category, seen)
+            _move(self.by_category, old, category, nbytes)
+            if seen <= self._peak_seen:  # live then (a storage never comes back)
+                _move(self.peak_by_category, old, category, nbytes)
 
     def reset_peak(self) -> None:
         """Start a new measurement window: peak = what is live now."""
-        self.peak = self.current
+        self._mark_peak()
 
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -91,7 +148,7 @@ class LiveTensorTracker(TorchDispatchMode):
         inputs = {id(storage) for storage, _ in _storages((args, kwargs))}
         for storage, device in _storages(out):
             if id(storage) not in inputs:
-                self._add(storage, device)
+                self._add(storage, device, self.category)
         return out
 
     def __exit__(self, *exc) -> None:

@@ -22,6 +22,7 @@ LABELS = {
     "head_gradient": "output head gradient (until reduced)",
     "backward_workspace": "backward workspace",
     "gradients": "fp32 gradients (shard, while alive)",
+    "optimizer_workspace": "Muon updates, exchange, Newton-Schulz",
     "runtime_allowance": "runtime allowance (CUDA, NCCL, frag.)",
 }
 
@@ -191,6 +192,7 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
         f"  {'peak':<44} {_gib(plan.peak_bytes_per_gpu):>8} GiB of "
         f"{_gib(plan.gpu_memory_bytes)}: {verdict}",
         f"per decoder layer: {full} of activations, {ckpt} when checkpointed",
+        *_muon_line(plan),
         *staging_line(plan, recipe),
         f"answer: {explain(plan)}",
     ]
@@ -204,3 +206,15 @@ def format_plan(plan: MemoryPlan, recipe: Recipe, recipe_path: Path, source: str
             f"peak {format_bytes(own['peak_bytes_per_gpu'], 'GiB')} ({state})"
         )
     return "\n".join([*lines, *traffic_lines(plan)])
+
+
+def _muon_line(plan: MemoryPlan) -> list[str]:
+    """A Muon step's own moment, which the peak above may not be (plan/muon.py)."""
+    if not plan.optimizer_step_bytes:
+        return []
+    step = format_bytes(plan.optimizer_step_bytes, "GiB", digits=3)
+    where = "the peak" if plan.peak_moment == "optimizer step" else "below the peak"
+    return [
+        f"Muon step (after the backward, {where}): {step} of updates, exchange buffers "
+        "and Newton-Schulz workspace beside every gradient shard"
+    ]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from yatrain.plan.layout import planned_group, traffic_table
+from yatrain.plan.layout import planned_group
 from yatrain.plan.memory import MemoryPlan, plan_for_layers
+from yatrain.plan.traffic import traffic_table
 from yatrain.recipe.config import Recipe
 from yatrain.recipe.topology import divisors
 

@@ -39,21 +39,26 @@ def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
 
 
 def measure_matmul_flops(
-    device: torch.device, dtype: str, size: int = 1024, trials: int = 12
+    device: torch.device, dtype: str, size: int = 1024, trials: int = 12, budget_s: float = 2.0
 ) -> float:
     """Best of several square matmuls: the practical peak of this device in this dtype.
 
     Taking the best (not the mean) keeps a busy neighbour from lowering the peak, which
-    would inflate MFU; on a machine that stays loaded it still reads low."""
+    would inflate MFU; on a machine that stays loaded it still reads low. No trial starts
+    after ``budget_s``: a CPU without bf16 units takes seconds a matmul (12 of them held a
+    CPU run, or a dry run, for a minute and a half before its first step)."""
     a = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
     b = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
     best = float("inf")
+    began = time.perf_counter()
     for _ in range(trials):
         synchronize(device)
         start = time.perf_counter()
         a @ b
         synchronize(device)
         best = min(best, time.perf_counter() - start)
+        if time.perf_counter() - began > budget_s:
+            break
     return 2 * size**3 / best
 
 

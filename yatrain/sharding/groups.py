@@ -25,15 +25,26 @@ from yatrain.sharding.cuda_comm import CudaStreamCommunicator
 from yatrain.sharding.fake_streams import FakeStreams
 
 REPLICATE, SHARD = "replicate", "shard"  # the mesh's dimension names
+# The last mesh ``hybrid_mesh`` built: the world's process group, (device type, shape), mesh.
+_BUILT: list[tuple[dist.ProcessGroup | None, tuple[str, tuple[int, int]], DeviceMesh]] = []
 
 
 def hybrid_mesh(device_type: str, shard_group_size: int) -> DeviceMesh:
-    """The (replicas, shard group) mesh over the whole world; collective."""
+    """The (replicas, shard group) mesh over the whole world; collective the first time.
+    Asked again in the same world for the same layout, it is the mesh already built:
+    ``init_device_mesh`` makes new process groups (communicators) on every call, and a
+    second engine in one job shards over the same ranks. A dry run builds it this way before
+    its fake tensors exist (a mesh reads its ranks from a tensor)."""
     world = dist.get_world_size()
     if shard_group_size < 1 or world % shard_group_size:
         raise ValueError(f"world size {world} is not a multiple of shard group {shard_group_size}")
     shape = (world // shard_group_size, shard_group_size)
-    return init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE, SHARD))
+    for built_in, built_for, mesh in _BUILT:
+        if built_in is dist.group.WORLD and built_for == (device_type, shape):
+            return mesh
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE, SHARD))
+    _BUILT[:] = [(dist.group.WORLD, (device_type, shape), mesh)]  # a new world replaces it
+    return mesh
 
 
 def communicators(
@@ -56,7 +67,9 @@ def communicators(
         return make_communicator(one, device, force_group=force_group, cuda_path=cuda_path), None
     if mesh.ndim != 2:
         raise ValueError(f"the engine takes a 1-D or 2-D device mesh, got {mesh.ndim}-D")
-    peers = [row.tolist() for row in mesh.mesh]  # every shard group: for groups of their own
+    peers = None  # every shard group, read from the mesh only for Gloo's groups of its own
+    if device.type != "cuda" and not cuda_path:
+        peers = [row.tolist() for row in mesh.mesh]
     shard = make_communicator(
         mesh.get_group(1), device, force_group=force_group, peers=peers, cuda_path=cuda_path
     )
