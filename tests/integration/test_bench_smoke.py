@@ -262,6 +262,29 @@ def test_benchmark_runs_tiny_and_prints_its_result(
     check(capsys.readouterr().out)
 
 
+def test_bench_optimizers_runs_tiny_and_prints_both_tables(capsys, quiet_process):
+    """scripts/bench_optimizers.py (a script, not a bench module): both optimizers measured
+    side by side at world 2, Muon's counted all-to-all equal to its exchange's own count,
+    and the paper part for the tiny recipe where matrices outnumber ranks and where not."""
+    import bench_optimizers
+
+    paper = ["--paper", f"{TINY}:2", f"{TINY}:32", "--set", "data.global_batch_size=256"]
+    assert bench_optimizers.main([*ENGINE_SHAPE, "--repeats", "1", *paper]) == 0
+    out = capsys.readouterr().out
+    (adamw,) = table_rows(out, "adamw")
+    (muon,) = table_rows(out, "muon")
+    assert adamw[3] == "1.000x" and ratio(muon[3]) > 0  # step time vs AdamW's
+    assert adamw[-2] == "0 x, 0 B" and muon[-2].startswith("2 x, ")  # Muon's two all-to-alls
+    assert re.search(r"counted [0-9,]+, its exchange's bytes_sent [0-9,]+: equal", out)
+    traffic_two, compute_two = table_rows(out, "tiny.yaml @ 2")
+    _, compute_many = table_rows(out, "tiny.yaml @ 32")
+    # shard group and buckets; the decoder's 4 x 7 matrices
+    assert traffic_two[1] == "2, 1 bucket(s)" and compute_two[1] == "28"
+    assert compute_two[-1] == "PASS" and compute_two[-4] == "1.000x (1.000x)"  # 14 a rank
+    assert compute_many[-1].startswith("ranks > matrices: the largest matrix")
+    assert compute_many[-4].split()[0] == compute_many[-2]  # its owner has the largest load
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 @pytest.mark.parametrize(
     "entry",
