@@ -19,6 +19,7 @@ from yatrain.models.llama import build_model, materialize
 from yatrain.recipe.config import ModelConfig
 from yatrain.runtime.compile import compile_layers
 from yatrain.sharding import ShardedEngine
+from yatrain.sharding.traffic import StepTraffic, step_traffic
 from yatrain.train.optim import run_optimizer, set_lr
 from yatrain.train.schedule import lr_at
 from yatrain.train.step import train_step
@@ -183,6 +184,22 @@ def run_steps(
 def engine_for(model, **kwargs) -> ShardedEngine:
     """The engine over a meta-device Llama, initialised from SEED, on the CPU."""
     return ShardedEngine.from_model(model, device="cpu", seed=SEED, **kwargs)
+
+
+def planned_traffic(engine: ShardedEngine, **extra: int) -> StepTraffic:
+    """What the planner's formula says one fp32 step of ``engine`` (one micro-batch) sends;
+    ``extra``: ``step_traffic``'s optimizer terms."""
+    return step_traffic(
+        [layout.numel for layout in engine.layouts],
+        engine.reads_weights,
+        engine.small.numel,
+        shard_size=engine.shard_size,
+        replicas=engine.replicas,
+        param_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+        micro_batches=1,
+        **extra,
+    )
 
 
 def max_rel(a: list[float], b: list[float]) -> float:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import ROOT
 from distributed import run_ranks
-from engine_reference import CFG, batches, engine_for
+from engine_reference import CFG, batches, engine_for, planned_traffic
 from test_checkpoint import full_state, losses, recipe
 
 from yatrain.checkpoint import store as ckpt
@@ -29,7 +29,6 @@ from yatrain.models.llama import DecoderLayer, build_model
 from yatrain.recipe.config import OptimConfig
 from yatrain.recipe.load import load_recipe
 from yatrain.sharding.groups import hybrid_mesh
-from yatrain.sharding.traffic import step_traffic
 from yatrain.train.loop import pretrain
 from yatrain.train.optim import run_optimizer
 from yatrain.train.setup import Checks
@@ -116,18 +115,7 @@ def _steps(rank, world, mode, cfg, steps, seq=12):
     }
     exchange = opt.exchange
     said = (exchange.bytes_sent(torch.bfloat16), exchange.bytes_across(torch.bfloat16))
-    planned = step_traffic(
-        [layout.numel for layout in engine.layouts],
-        engine.reads_weights,
-        engine.small.numel,
-        shard_size=engine.shard_size,
-        replicas=engine.replicas,
-        param_dtype=torch.float32,
-        reduce_dtype=torch.float32,
-        micro_batches=1,
-        exchanged=said[0],
-        across=said[1],
-    )
+    planned = planned_traffic(engine, exchanged=said[0], across=said[1])
     sent["planned_cross"] = planned.cross
     return sent, said, steps
 

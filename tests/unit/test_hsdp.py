@@ -10,7 +10,6 @@ clipping and activation checkpointing.
 from __future__ import annotations
 
 import pytest
-import torch
 from distributed import run_ranks
 from engine_reference import (
     CFG,
@@ -19,6 +18,7 @@ from engine_reference import (
     engine_for,
     max_rel,
     optimizer_for,
+    planned_traffic,
     reference,
     train_sharded,
     untrained,
@@ -28,7 +28,6 @@ from engine_reference import (
 from yatrain.models.llama import build_model
 from yatrain.sharding import ShardedEngine
 from yatrain.sharding.groups import hybrid_mesh
-from yatrain.sharding.traffic import step_traffic
 from yatrain.train.step import train_step
 
 
@@ -85,16 +84,7 @@ def _one_step_traffic(rank, world, group_size):
     shard_bytes = 4 * (engine.shards.master.numel() + engine.shards.small_master.numel())
     intra = engine.bytes_sent_intra - before[0]
     cross = engine.bytes_sent_cross - before[1]
-    planned = step_traffic(
-        [layout.numel for layout in engine.layouts],
-        engine.reads_weights,
-        engine.small.numel,
-        shard_size=engine.shard_size,
-        replicas=engine.replicas,
-        param_dtype=torch.float32,
-        reduce_dtype=torch.float32,
-        micro_batches=1,
-    )
+    planned = planned_traffic(engine)
     # what the engine skips: units still resident from the forward are not gathered again
     resident = sum(4 * layout.padded_numel for layout in engine.layouts[-2:])
     resident = resident * (engine.shard_size - 1) // engine.shard_size
