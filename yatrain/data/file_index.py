@@ -21,12 +21,16 @@ match the manifest, or that is unreadable, is ignored the same way. Hashing ever
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import json
 import os
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,10 +53,10 @@ INDEX_FILES = {INDEX} | {
 
 
 class FileTable:
-    """One split's token files: each one's name and where it ends in the token stream. From
-    a manifest the ends are one int64 array in memory."""
+    """One split's token files: each one's name and where it ends in the token stream.
+    From a manifest: a list and an int64 array in memory; from the index: ``_Column``s."""
 
-    def __init__(self, names: list[str], ends: np.ndarray) -> None:
+    def __init__(self, names: Sequence[str], ends: Sequence[int] | np.ndarray) -> None:
         self._names, self._ends = names, ends
 
     @classmethod
@@ -71,14 +75,16 @@ class FileTable:
         return int(self._ends[index]) if index >= 0 else 0
 
     def locate(self, token: int) -> int:
-        """The file that holds token ``token`` of the stream."""
-        return int(np.searchsorted(self._ends, token, side="right"))
+        """The file that holds token ``token`` of the stream (a binary search: 19 ends read
+        at 300,000 files)."""
+        return bisect.bisect_right(self._ends, token)
 
 
-class _Column:
-    """One 1-D array of an index, read element by element with ``pread``: neither memory
-    nor the process's map count grows with its length (a memory map would bring in whole
-    large folios: 2 MB a touch on this machine's kernel)."""
+class _Column(Sequence):
+    """One 1-D array of an index as a sequence read element by element with ``pread``:
+    neither memory nor the process's map count grows with its length (a memory map would
+    bring in whole large folios: 2 MB a touch on this machine's kernel). Names come back
+    as ``str``, numbers as ``int``."""
 
     def __init__(self, file: Path) -> None:
         with open(file, "rb") as f:
@@ -90,47 +96,19 @@ class _Column:
             self.offset = f.tell()
         if len(shape) != 1 or fortran or dtype.hasobject:
             raise ValueError(f"{file} is not a flat array")
-        self.file, self.length, self.dtype = file, shape[0], dtype
+        self.length, self.dtype = shape[0], dtype
         if file.stat().st_size != self.offset + self.length * dtype.itemsize:
             raise ValueError(f"{file} is truncated")
-
-    def items(self, indices: list[int]) -> list:
-        fd = os.open(self.file, os.O_RDONLY)
-        try:
-            size = self.dtype.itemsize
-            return [
-                np.frombuffer(os.pread(fd, size, self.offset + i * size), self.dtype)[0]
-                for i in indices
-            ]
-        finally:
-            os.close(fd)
-
-
-class IndexedFiles(FileTable):
-    """A split's files as the index holds them: each lookup reads a few elements (a binary
-    search reads log2(files) ends: 19 at 300,000 files)."""
-
-    def __init__(self, names: _Column, ends: _Column) -> None:
-        self._names_column, self._ends_column = names, ends
+        self._fd = os.open(file, os.O_RDONLY)  # pread: safe in forked workers too
+        weakref.finalize(self, os.close, self._fd)
 
     def __len__(self) -> int:
-        return self._ends_column.length
+        return self.length
 
-    def name(self, index: int) -> str:
-        return bytes(self._names_column.items([index])[0]).decode()
-
-    def end(self, index: int) -> int:
-        return int(self._ends_column.items([index])[0]) if index >= 0 else 0
-
-    def locate(self, token: int) -> int:
-        low, high = 0, len(self)  # the first file whose end is above ``token``
-        while low < high:
-            middle = (low + high) // 2
-            if self.end(middle) <= token:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+    def __getitem__(self, index: int) -> Any:  # type: ignore[override]  # never a slice
+        size = self.dtype.itemsize
+        value = np.frombuffer(os.pread(self._fd, size, self.offset + index * size), self.dtype)[0]
+        return bytes(value).decode() if self.dtype.kind == "S" else int(value)
 
 
 @dataclass
@@ -191,7 +169,7 @@ def read_file_index(path: Path) -> Indexed | None:
         for split, count in header["files"].items():
             ends = _Column(Path(path) / _array_file(split, "ends"))
             names = _Column(Path(path) / _array_file(split, "names"))
-            table = IndexedFiles(names, ends)
+            table = FileTable(names, ends)
             whole = ends.dtype == np.int64 and ends.length == names.length == count > 0
             if not (whole and names.dtype.kind == "S"):
                 return None
